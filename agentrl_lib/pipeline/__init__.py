@@ -1,0 +1,1 @@
+"""The papermill pipeline: notebook parameters and profiles, runs, results.json and the report."""

@@ -1,0 +1,187 @@
+"""What a notebook writes at its end: ``results.json``, its claims and its figures.
+
+A notebook calls, in its "Did it work?" section::
+
+    claims = [claim("faster", "GiGPO learns faster than GRPO", "success@200", ours, base, ">",
+                    margin=0.05, paper_value="+12% ALFWorld")]
+    write_results(NOTEBOOK, params, metrics, claims)   # first: nothing computed is lost ...
+    assert_claims(claims)                              # ... then the run fails if a claim fails
+
+The run directory is ``$AGENTRL_RUN_DIR`` when ``agentrl run`` executes the notebook, else
+``runs/interactive/<notebook>/seed<S>`` under the current directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+_START = time.time()
+DIRECTIONS = (">", "<", ">=", "<=", "~")
+
+
+@dataclass
+class Claim:
+    """One checkable statement. ``holds`` is computed by ``claim``; ``asserted=False`` marks a
+    claim the notebook reports but does not expect to reproduce at this scale (said in prose)."""
+
+    id: str
+    statement: str
+    metric: str
+    ours: float
+    baseline: float | None
+    direction: str
+    margin: float
+    paper_value: str | float | None
+    holds: bool
+    asserted: bool = True
+
+
+def claim(id: str, statement: str, metric: str, ours: float, baseline: float | None,
+          direction: str = ">", margin: float = 0.0, paper_value=None,
+          asserted: bool = True) -> Claim:
+    """Build a claim and decide it.
+
+    direction: '>' ours > baseline + margin; '<' ours < baseline - margin; '>=' ours >= baseline
+    (a bar to reach; margin unused); '<=' ours <= baseline; '~' |ours - baseline| <= margin.
+
+    >>> claim("c", "beats", "acc", 0.9, 0.5, ">", margin=0.1).holds
+    True
+    >>> claim("c", "similar", "acc", 0.62, 0.5, "~", margin=0.1).holds
+    False
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+    ours = float(ours)
+    b = None if baseline is None else float(baseline)
+    if b is None or math.isnan(ours) or math.isnan(b):
+        holds = False
+    elif direction == ">":
+        holds = ours > b + margin
+    elif direction == "<":
+        holds = ours < b - margin
+    elif direction == ">=":
+        holds = ours >= b
+    elif direction == "<=":
+        holds = ours <= b
+    else:
+        holds = abs(ours - b) <= margin
+    return Claim(id, statement, metric, ours, b, direction, float(margin), paper_value,
+                 bool(holds), asserted)
+
+
+def run_dir(notebook: str, seed: int) -> Path:
+    env = os.environ.get("AGENTRL_RUN_DIR")
+    path = Path(env) if env else Path("runs") / "interactive" / notebook / f"seed{seed}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_figure(fig, name: str, notebook: str, seed: int) -> Path:
+    """Save a matplotlib figure as ``<run dir>/figures/<name>.png``."""
+    out = run_dir(notebook, seed) / "figures"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("agentrl", "torch", "numpy", "gymnasium", "transformers", "trl", "papermill"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    commit = out.stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True, timeout=10).stdout.strip()
+    return commit + ("-dirty" if dirty else "")
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda: {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def notebook_meta(notebook: str) -> dict:
+    """The ``agentrl`` block of the notebook's metadata (title, paper, url, ...), if findable."""
+    candidates = [os.environ.get("AGENTRL_NOTEBOOK", ""), f"{notebook}.ipynb",
+                  f"notebooks/{notebook}.ipynb"]
+    for c in candidates:
+        if c and Path(c).is_file():
+            return json.loads(Path(c).read_text()).get("metadata", {}).get("agentrl", {})
+    return {}
+
+
+def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim],
+                  extra: dict | None = None) -> Path:
+    """Write ``results.json`` atomically (a temp file renamed into place) and return its path."""
+    seed = int(params.get("seed", 0))
+    meta = notebook_meta(notebook)
+    payload = {
+        "notebook": notebook,
+        "title": meta.get("title"),
+        "paper": {"title": meta.get("paper"), "url": meta.get("url")},
+        "profile": params.get("profile", "ci"),
+        "seed": seed,
+        "params": params,
+        "metrics": metrics,
+        "claims": [asdict(c) for c in claims],
+        "versions": package_versions(),
+        "device": device_name(),
+        "wall_s": round(time.time() - _START, 2),
+        "git_commit": git_commit(),
+        "argv": sys.argv[:1],
+    }
+    if extra:
+        payload.update(extra)
+    path = run_dir(notebook, seed) / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_default))
+    os.replace(tmp, path)
+    return path
+
+
+def assert_claims(claims: list[Claim]) -> None:
+    """Fail (AssertionError naming each claim and its numbers) if an asserted claim does not hold."""
+    failed = [c for c in claims if c.asserted and not c.holds]
+    if failed:
+        lines = [f"{c.id}: {c.statement} -- {c.metric}: ours={c.ours:.4g} {c.direction} "
+                 f"baseline={c.baseline} (margin {c.margin})" for c in failed]
+        raise AssertionError("claims that did not hold:\n" + "\n".join(lines))
+
+
+def _default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)

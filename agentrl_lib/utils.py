@@ -1,0 +1,73 @@
+"""Seeding, device choice and the JSONL metrics logger."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def set_seed(seed: int, deterministic: bool = True) -> None:
+    """Seed python, numpy and torch (CPU and CUDA). With ``deterministic``, ask torch for
+    deterministic kernels where it has them, so a CPU run with the same seed repeats exactly."""
+    random.seed(seed)
+    np.random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pick_device(device: str = "auto") -> str:
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; any other value is returned checked."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but torch sees no CUDA device")
+    return device
+
+
+class MetricsLogger:
+    """Appends one JSON object per ``log`` call to ``<dir>/metrics.jsonl`` and keeps them in memory.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> log = MetricsLogger(d); log.log(step=0, loss=1.5); log.log(step=1, loss=0.5)
+    >>> [r["loss"] for r in log.rows], len(open(d + "/metrics.jsonl").readlines())
+    ([1.5, 0.5], 2)
+    """
+
+    def __init__(self, directory: str | Path, filename: str = "metrics.jsonl"):
+        self.path = Path(directory) / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+        self.rows: list[dict] = []
+        self._t0 = time.time()
+
+    def log(self, **metrics) -> None:
+        row = {k: _plain(v) for k, v in metrics.items()}
+        row.setdefault("time_s", round(time.time() - self._t0, 3))
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def column(self, key: str) -> list:
+        return [r[key] for r in self.rows if key in r]
+
+
+def _plain(v):
+    """numpy/torch scalars -> python numbers, so rows are JSON."""
+    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+        return v.item()
+    if isinstance(v, (np.ndarray,)):
+        return v.tolist()
+    return v
