@@ -1,0 +1,128 @@
+"""The ``agentrl`` command: list notebooks, run them with papermill, build the report.
+
+    agentrl list [--markdown]
+    agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
+    agentrl report [--runs runs] [--out report]
+
+``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
+after another; a failure is reported and the others still run (the exit code is 1 if any failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentrl_lib.pipeline.notebooks import (
+    PROFILES, PipelineError, find_notebook, load_notebook, notebook_paths, repo_root,
+    resolve_params,
+)
+
+
+def cmd_list(args) -> int:
+    root = repo_root()
+    infos = [load_notebook(p, root) for p in notebook_paths(root)]
+    if args.markdown:
+        print("| notebook | paper | library modules | claim checked |\n|---|---|---|---|")
+        for i in infos:
+            m = i.meta
+            paper = f"[{m.get('paper', '')}]({m['url']})" if m.get("url") else m.get("paper", "")
+            mods = ", ".join(f"`{x}`" for x in m.get("modules", []))
+            print(f"| [{i.name}](notebooks/{i.path.name}): {i.title} | {paper} | {mods} | "
+                  f"{m.get('claim', '')} |")
+        return 0
+    for i in infos:
+        print(f"{i.name}: {i.title}")
+        if i.meta.get("paper"):
+            print(f"  paper: {i.meta['paper']}" + (f" <{i.meta['url']}>" if i.meta.get("url") else ""))
+        print(f"  profiles: {', '.join(i.profiles)}")
+        print("  parameters:")
+        for p in i.params.values():
+            over = {prof: o[p.name] for prof, o in i.profiles.items() if p.name in o}
+            extra = "  [" + ", ".join(f"{k}: {v!r}" for k, v in over.items()) + "]" if over else ""
+            print(f"    {p.name}: {p.type} = {p.default!r}  # {p.help}{extra}")
+        print()
+    return 0
+
+
+def cmd_run(args) -> int:
+    from agentrl_lib.pipeline.run import execute
+
+    root = repo_root()
+    names = args.notebook
+    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
+    infos = [load_notebook(p, root) for p in paths]
+    seeds = args.seed or [0]
+    # check every parameter of every run before the first one starts
+    for info in infos:
+        for s in seeds:
+            resolve_params(info, args.profile, s, args.param)
+    runs_root = Path(args.runs) if args.runs else root / "runs"
+    outcomes = []
+    total = len(infos) * len(seeds)
+    for info in infos:
+        for s in seeds:
+            k = len(outcomes) + 1
+            print(f"[{k}/{total}] {info.name} profile={args.profile} seed={s}", flush=True)
+            out = execute(info, args.profile, s, args.param, runs_root, progress=not args.quiet)
+            outcomes.append(out)
+            print(f"[{k}/{total}] {out.line()}\n        -> {out.run_dir}", flush=True)
+    failed = [o for o in outcomes if not o.ok]
+    print(f"\n{len(outcomes) - len(failed)} of {len(outcomes)} runs ok")
+    for o in failed:
+        print(f"  failed: {o.line()}\n          executed notebook: {o.run_dir / (o.notebook + '.ipynb')}")
+    return 1 if failed else 0
+
+
+def cmd_report(args) -> int:
+    from agentrl_lib.pipeline.report import build_report
+
+    root = repo_root()
+    runs = Path(args.runs) if args.runs else root / "runs"
+    out = Path(args.out) if args.out else root / "report"
+    if not runs.is_dir():
+        raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
+    info = build_report(runs, out)
+    print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs")
+    print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="agentrl", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("list", help="notebooks with their paper, parameters and profiles")
+    p.add_argument("--markdown", action="store_true", help="print the README's notebook map")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("run", help="execute notebooks with papermill into runs/")
+    p.add_argument("notebook", nargs="+", help="notebook stem, unique prefix, or 'all'")
+    p.add_argument("--profile", default="ci", choices=PROFILES)
+    p.add_argument("--seed", type=int, action="append", help="seed (repeat for several)")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   default=[], help="override one parameter (checked against the notebook)")
+    p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
+    p.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("report", help="collect results.json files into report/index.html")
+    p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
+    p.add_argument("--out", help="output folder (default: <repo>/report)")
+    p.set_defaults(func=cmd_report)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PipelineError as e:
+        print(f"agentrl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentrl: interrupted; finished runs are kept under runs/", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

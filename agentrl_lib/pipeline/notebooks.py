@@ -1,0 +1,210 @@
+"""Notebook discovery, the declared parameters, and the profiles that override them.
+
+A notebook declares its parameters in the cell tagged ``parameters``, one annotated literal a line
+with a help comment (``num_iters: int = 200  # training iterations``). Those values are the ``ci``
+profile; ``reproductions/<notebook>/profiles.yaml`` holds the overrides of the other profiles.
+Unlike papermill, which only warns, everything here refuses an unknown name or a wrong type.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PROFILES = ("ci", "cpu", "gpu")
+TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": list, "dict": dict}
+
+
+class PipelineError(Exception):
+    """A user-facing error: bad notebook name, parameter, type or profile."""
+
+
+@dataclass
+class Param:
+    name: str
+    type: str
+    default: object
+    help: str = ""
+
+
+@dataclass
+class NotebookInfo:
+    name: str
+    path: Path
+    meta: dict
+    params: dict[str, Param]
+    profiles: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return self.meta.get("title") or self.name
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The folder holding ``notebooks/``: the current directory or one above it, else the
+    checkout this package was installed from (editable install)."""
+    here = (start or Path.cwd()).resolve()
+    for p in [here, *here.parents]:
+        if (p / "notebooks").is_dir() and (p / "agentrl_lib").is_dir():
+            return p
+    pkg_root = Path(__file__).resolve().parents[2]
+    if (pkg_root / "notebooks").is_dir():
+        return pkg_root
+    raise PipelineError("cannot find the agentrl checkout (a folder with notebooks/ and "
+                        "agentrl_lib/); run agentrl from inside it")
+
+
+def notebook_paths(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
+
+
+def find_notebook(name: str, root: Path) -> Path:
+    """Accepts the stem ('01_mdp_dynamic_programming'), a unique prefix ('01'), or a path."""
+    p = Path(name)
+    if p.suffix == ".ipynb" and p.is_file():
+        return p.resolve()
+    paths = notebook_paths(root)
+    exact = [q for q in paths if q.stem == name]
+    if exact:
+        return exact[0]
+    prefix = [q for q in paths if q.stem.startswith(name)]
+    if len(prefix) == 1:
+        return prefix[0]
+    known = ", ".join(q.stem for q in paths) or "(none)"
+    if len(prefix) > 1:
+        raise PipelineError(f"notebook {name!r} is ambiguous: {', '.join(q.stem for q in prefix)}")
+    raise PipelineError(f"unknown notebook {name!r}; known notebooks: {known}")
+
+
+def parameters_source(nb: dict) -> str:
+    for cell in nb.get("cells", []):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            src = cell["source"]
+            return "".join(src) if isinstance(src, list) else src
+    raise PipelineError("the notebook has no cell tagged 'parameters'")
+
+
+def parse_parameters(source: str) -> dict[str, Param]:
+    """Parse ``name: type = literal  # help`` lines (a bare ``name = literal`` infers the type)."""
+    comments = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    params: dict[str, Param] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            name, tname = node.target.id, ast.unparse(node.annotation)
+            value = node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            name, tname, value = node.targets[0].id, None, node.value
+        else:
+            raise PipelineError(f"parameters cell line {node.lineno}: only `name: type = literal` "
+                                f"assignments are allowed")
+        try:
+            default = ast.literal_eval(value)
+        except ValueError:
+            raise PipelineError(f"parameter {name!r}: the default must be a literal") from None
+        tname = tname or type(default).__name__
+        if tname not in TYPES:
+            raise PipelineError(f"parameter {name!r}: type {tname!r} is not one of {list(TYPES)}")
+        params[name] = Param(name, tname, check_value(name, tname, default),
+                             comments.get(node.lineno, ""))
+    return params
+
+
+def check_value(name: str, tname: str, value):
+    """Return ``value`` as type ``tname`` or raise naming the parameter. An int is a valid float;
+    a bool is not a valid int."""
+    if tname == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    want = TYPES[tname]
+    if isinstance(value, bool) and tname != "bool":
+        ok = False
+    else:
+        ok = isinstance(value, want)
+    if not ok:
+        raise PipelineError(f"parameter {name!r} expects {tname}, got {value!r} "
+                            f"({type(value).__name__})")
+    return value
+
+
+def parse_cli_value(name: str, tname: str, text: str):
+    """Convert the string given on the command line (``-p NAME VALUE``) to the declared type."""
+    try:
+        if tname == "int":
+            return int(text)
+        if tname == "float":
+            return float(text)
+        if tname == "bool":
+            low = text.lower()
+            if low in ("true", "1", "yes"):
+                return True
+            if low in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if tname == "str":
+            return text
+        value = yaml.safe_load(text)
+        return check_value(name, tname, value)
+    except (ValueError, yaml.YAMLError):
+        raise PipelineError(f"parameter {name!r} expects {tname}, got {text!r}") from None
+
+
+def load_profiles(root: Path, name: str, params: dict[str, Param]) -> dict[str, dict]:
+    path = root / "reproductions" / name / "profiles.yaml"
+    profiles = {"ci": {}}
+    if path.is_file():
+        data = yaml.safe_load(path.read_text()) or {}
+        for prof, overrides in data.items():
+            if prof not in PROFILES:
+                raise PipelineError(f"{path}: unknown profile {prof!r}; expected one of {PROFILES}")
+            profiles[prof] = validate_overrides(overrides or {}, params, f"{path} [{prof}]")
+    return profiles
+
+
+def validate_overrides(overrides: dict, params: dict[str, Param], where: str) -> dict:
+    out = {}
+    for k, v in overrides.items():
+        if k not in params:
+            raise PipelineError(f"{where}: unknown parameter {k!r}; this notebook declares: "
+                                f"{', '.join(params)}")
+        out[k] = check_value(k, params[k].type, v)
+    return out
+
+
+def load_notebook(path: Path, root: Path) -> NotebookInfo:
+    nb = json.loads(path.read_text())
+    params = parse_parameters(parameters_source(nb))
+    info = NotebookInfo(path.stem, path, nb.get("metadata", {}).get("agentrl", {}), params)
+    info.profiles = load_profiles(root, path.stem, params)
+    return info
+
+
+def resolve_params(info: NotebookInfo, profile: str, seed: int,
+                   cli: list[tuple[str, str]] | None = None) -> dict:
+    """ci defaults, then the profile's overrides, then ``-p`` values; ``seed`` and ``profile``
+    are set last. Every name and type is checked."""
+    if profile not in PROFILES:
+        raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
+    if profile not in info.profiles:
+        raise PipelineError(f"{info.name} has no {profile!r} profile; it has: "
+                            f"{', '.join(info.profiles)}")
+    params = {k: p.default for k, p in info.params.items()}
+    params.update(info.profiles[profile])
+    for name, text in cli or []:
+        if name not in info.params:
+            raise PipelineError(f"unknown parameter {name!r} for {info.name}; it declares: "
+                                f"{', '.join(info.params)}")
+        params[name] = parse_cli_value(name, info.params[name].type, text)
+    for required in ("seed", "profile"):
+        if required not in info.params:
+            raise PipelineError(f"{info.name} does not declare the parameter {required!r}")
+    params["seed"], params["profile"] = int(seed), profile
+    return params

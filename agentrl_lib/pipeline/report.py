@@ -1,0 +1,174 @@
+"""Collect every ``results.json`` under ``runs/`` into one report: a self-contained HTML page
+(figures embedded, opens from a file with no server) and a markdown table.
+
+Per notebook, profile and claim: ours and the baseline as mean +- std over seeds, the paper's
+number, and the verdict: 'holds' when the claim held in every seed, 'mixed k/n' when in some,
+'does not hold' when in none. Runs that failed before writing a result are listed too.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def collect(runs_root: Path) -> list[dict]:
+    """Every readable results.json under ``runs_root`` (``.tmp`` files are never read)."""
+    out = []
+    for path in sorted(Path(runs_root).rglob("results.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        r["_dir"] = str(path.parent)
+        out.append(r)
+    return out
+
+
+def failed_runs(runs_root: Path) -> list[dict]:
+    out = []
+    for path in sorted(Path(runs_root).rglob("run.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not r.get("ok") and not (path.parent / "results.json").exists():
+            out.append({"dir": str(path.parent), "error": r.get("error", "")})
+    return out
+
+
+def _fmt(values: list) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "—"
+    a = np.asarray(vals, dtype=float)
+    if len(a) == 1 or np.all(a == a[0]):
+        return f"{a[0]:.4g}"
+    return f"{a.mean():.4g} ± {a.std(ddof=1):.2g}"
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """One row per (notebook, profile, claim) with the numbers across seeds."""
+    groups: dict[tuple, list] = defaultdict(list)
+    meta = {}
+    for r in results:
+        for c in r.get("claims", []):
+            key = (r["notebook"], r.get("profile", "?"), c["id"])
+            groups[key].append((r.get("seed"), c, r))
+            meta[r["notebook"]] = r
+    rows = []
+    # notebooks and profiles sorted; claims in the order the notebook declares them
+    order = sorted(groups, key=lambda k: (k[0], k[1]))
+    for (nb, profile, cid) in order:
+        items = groups[(nb, profile, cid)]
+        items.sort(key=lambda t: (t[0] is None, t[0]))
+        claims = [c for _, c, _ in items]
+        n_hold = sum(bool(c["holds"]) for c in claims)
+        n = len(claims)
+        verdict = "holds" if n_hold == n else ("does not hold" if n_hold == 0 else
+                                               f"mixed {n_hold}/{n}")
+        first = claims[0]
+        paper = meta[nb].get("paper") or {}
+        rows.append({
+            "notebook": nb, "title": meta[nb].get("title") or nb, "paper": paper.get("title"),
+            "url": paper.get("url"), "profile": profile, "claim": cid,
+            "statement": first["statement"], "metric": first["metric"],
+            "direction": first.get("direction", ""), "asserted": first.get("asserted", True),
+            "seeds": [s for s, _, _ in items], "ours": _fmt([c["ours"] for c in claims]),
+            "baseline": _fmt([c["baseline"] for c in claims]),
+            "paper_value": first.get("paper_value"), "verdict": verdict,
+            "devices": sorted({r.get("device", "?") for _, _, r in items}),
+            "wall_s": _fmt([r.get("wall_s") for _, _, r in items]),
+        })
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| notebook | profile | claim | ours (mean ± std) | baseline | paper | seeds | verdict |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    body = []
+    for r in rows:
+        seeds = ",".join(str(s) for s in r["seeds"])
+        pv = "" if r["paper_value"] is None else str(r["paper_value"])
+        note = "" if r["asserted"] else " (not expected at toy scale)"
+        body.append(f"| {r['notebook']} | {r['profile']} | {r['statement']} ({r['metric']}, "
+                    f"{r['direction']}) | {r['ours']} | {r['baseline']} | {pv} | {seeds} | "
+                    f"**{r['verdict']}**{note} |")
+    return head + "\n".join(body) + "\n"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;width:100%;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;
+vertical-align:top}th{background:#f3f3f3}.holds{color:#1a7f37;font-weight:600}
+.mixed{color:#9a6700;font-weight:600}.no{color:#cf222e;font-weight:600}img{max-width:560px;margin:4px}
+h2{border-bottom:1px solid #ddd;padding-bottom:4px}.small{color:#666;font-size:13px}"""
+
+
+def _figures(run_dirs: list[str]) -> list[tuple[str, str]]:
+    """(caption, base64 PNG) for the figures of the first seed's run directory that has any."""
+    for d in run_dirs:
+        figs = sorted((Path(d) / "figures").glob("*.png"))
+        if figs:
+            return [(f"{Path(d).name}: {f.stem}", base64.b64encode(f.read_bytes()).decode())
+                    for f in figs]
+    return []
+
+
+def render_html(rows: list[dict], results: list[dict], failures: list[dict]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><meta charset='utf-8'><title>agentrl report</title><style>{_CSS}"
+             "</style><h1>agentrl: reproduction report</h1>",
+             f"<p class='small'>{len(results)} results from {len({r['notebook'] for r in results})}"
+             " notebooks. A verdict 'holds' means the claim held in every seed listed.</p>"]
+    by_nb = defaultdict(list)
+    for r in rows:
+        by_nb[r["notebook"]].append(r)
+    for nb, nb_rows in by_nb.items():
+        first = nb_rows[0]
+        link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
+                else e(first["paper"] or ""))
+        parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p>")
+        parts.append("<table><tr><th>profile</th><th>claim</th><th>metric</th><th>ours</th>"
+                     "<th>baseline</th><th>paper</th><th>seeds</th><th>device</th>"
+                     "<th>wall s</th><th>verdict</th></tr>")
+        for r in nb_rows:
+            cls = {"holds": "holds", "does not hold": "no"}.get(r["verdict"], "mixed")
+            note = "" if r["asserted"] else "<br><span class='small'>not expected at toy scale</span>"
+            parts.append(
+                f"<tr><td>{e(r['profile'])}</td><td>{e(r['statement'])}</td>"
+                f"<td>{e(r['metric'])} ({e(r['direction'])})</td><td>{e(r['ours'])}</td>"
+                f"<td>{e(r['baseline'])}</td><td>{e(str(r['paper_value'] or ''))}</td>"
+                f"<td>{e(','.join(map(str, r['seeds'])))}</td><td>{e('; '.join(r['devices']))}</td>"
+                f"<td>{e(r['wall_s'])}</td><td class='{cls}'>{e(r['verdict'])}{note}</td></tr>")
+        parts.append("</table>")
+        for profile in sorted({r["profile"] for r in nb_rows}):
+            dirs = sorted(res["_dir"] for res in results
+                          if res["notebook"] == nb and res.get("profile") == profile)
+            figs = _figures(dirs)
+            if figs:
+                parts.append(f"<p class='small'>figures ({e(profile)} profile)</p>")
+                parts.extend(f"<img alt='{e(c)}' title='{e(c)}' src='data:image/png;base64,{b}'>"
+                             for c, b in figs)
+    if failures:
+        parts.append("<h2>Runs that failed before writing results</h2><ul>")
+        parts.extend(f"<li>{e(f['dir'])}: {e(f['error'])}</li>" for f in failures)
+        parts.append("</ul>")
+    return "\n".join(parts)
+
+
+def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report") -> dict:
+    runs_root, out_dir = Path(runs_root), Path(out_dir)
+    results = collect(runs_root)
+    rows = summarise(results)
+    failures = failed_runs(runs_root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.md").write_text(markdown(rows))
+    (out_dir / "index.html").write_text(render_html(rows, results, failures))
+    (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
+    return {"results": len(results), "rows": len(rows), "failures": len(failures),
+            "html": out_dir / "index.html", "markdown": out_dir / "summary.md"}
