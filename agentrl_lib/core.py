@@ -122,7 +122,7 @@ def ppo_clip_loss(
     logps, old_logps, advantages: same shape, e.g. (B,) actions or (B, T) tokens; mask: which
     entries count (the mean is over all of them at once: token-level aggregation).
     ``clip_eps_high`` (DAPO's clip-higher) defaults to ``clip_eps``.
-    Returns (loss, metrics) with the clip fraction and the k3 estimate of KL(old || new).
+    Returns (loss, metrics) with the fraction of entries whose gradient is clipped to zero and the k3 estimate of KL(old || new).
     """
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     log_ratio = logps - old_logps
@@ -131,7 +131,9 @@ def ppo_clip_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high) * advantages
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
     with torch.no_grad():
-        clipfrac = masked_mean((unclipped != clipped).to(ratio.dtype), mask)
+        # where the clipped branch wins the min, the gradient is zero (TRL's "clip ratio";
+        # CleanRL's clipfrac counts |rho - 1| > eps instead, whichever branch wins)
+        clipfrac = masked_mean((clipped < unclipped).to(ratio.dtype), mask)
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
     return loss, {"clipfrac": clipfrac.item(), "approx_kl": approx_kl.item()}
 

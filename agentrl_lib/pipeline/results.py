@@ -8,7 +8,8 @@ A notebook calls, in its "Did it work?" section::
     assert_claims(claims)                              # ... then the run fails if a claim fails
 
 The run directory is ``$AGENTRL_RUN_DIR`` when ``agentrl run`` executes the notebook, else
-``runs/interactive/<notebook>/seed<S>`` under the current directory.
+``$AGENTRL_RUNS_ROOT/interactive/<notebook>/seed<S>`` (default root: ``runs`` under the current
+directory).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
 
 def run_dir(notebook: str, seed: int) -> Path:
     env = os.environ.get("AGENTRL_RUN_DIR")
-    path = Path(env) if env else Path("runs") / "interactive" / notebook / f"seed{seed}"
+    root = Path(os.environ.get("AGENTRL_RUNS_ROOT", "runs"))
+    path = Path(env) if env else root / "interactive" / notebook / f"seed{seed}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

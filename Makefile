@@ -1,0 +1,33 @@
+# The two set-up commands of the README:
+#   make report   set up, run every notebook in the cpu profile (seeds 0 1 2), build report/index.html
+#   make test     set up, run the unit tests and execute every notebook (ci profile) under nbval
+# Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
+# so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PROFILE ?= cpu
+SEEDS  ?= 0 1 2
+NOTEBOOKS ?= all
+
+.PHONY: setup test report clean-runs
+
+setup: $(STAMP)
+
+$(STAMP): requirements/lock.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[all]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+
+report: setup
+	$(VENV)/bin/agentrl run $(NOTEBOOKS) --profile $(PROFILE) $(foreach s,$(SEEDS),--seed $(s)) --quiet; \
+	status=$$?; $(VENV)/bin/agentrl report; exit $$status
+
+clean-runs:
+	rm -rf runs report

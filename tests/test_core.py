@@ -1,0 +1,109 @@
+"""core.py against hand-computed numbers and independent routes."""
+
+import math
+
+import pytest
+import torch
+
+from agentrl_lib import core
+
+
+def test_discounted_returns_by_hand():
+    r = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.allclose(core.discounted_returns(r, 0.5), torch.tensor([2.75, 3.5, 3.0]))
+    done = torch.tensor([1.0, 0.0, 0.0])  # the episode ends after step 0
+    assert torch.allclose(core.discounted_returns(r, 0.5, done), torch.tensor([1.0, 3.5, 3.0]))
+    batch = torch.stack([r, 2 * r])  # (B, T)
+    assert torch.allclose(core.discounted_returns(batch, 0.5)[1], 2 * torch.tensor([2.75, 3.5, 3.0]))
+
+
+def test_gae_by_hand():
+    r, v = torch.tensor([[1.0, 1.0]]), torch.tensor([[0.5, 0.5]])
+    done, v_last = torch.tensor([[0.0, 1.0]]), torch.tensor([10.0])
+    adv, ret = core.gae_advantages(r, v, done, v_last, gamma=0.9, lam=0.8)
+    # delta_1 = 1 - 0.5 (terminal, no bootstrap); delta_0 = 1 + 0.9*0.5 - 0.5; A_0 = .95 + .72*.5
+    assert torch.allclose(adv, torch.tensor([[1.31, 0.5]]))
+    assert torch.allclose(ret, torch.tensor([[1.81, 1.0]]))
+
+
+def test_gae_limits():
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    done = (torch.rand(3, 7, generator=g) < 0.3).float()
+    v_last = torch.randn(3, generator=g)
+    adv0, _ = core.gae_advantages(r, v, done, v_last, gamma=0.9, lam=0.0)
+    v_next = torch.cat([v[:, 1:], v_last[:, None]], 1)
+    assert torch.allclose(adv0, r + 0.9 * v_next * (1 - done) - v)  # one-step TD error
+    adv1, ret1 = core.gae_advantages(r, v, done, v_last, gamma=0.9, lam=1.0)
+    # lam = 1: the bootstrapped Monte-Carlo return minus V
+    r_boot = r.clone()
+    r_boot[:, -1] += 0.9 * v_last * (1 - done[:, -1])
+    assert torch.allclose(ret1, core.discounted_returns(r_boot, 0.9, done), atol=1e-6)
+    # length-1 episodes
+    a, _ = core.gae_advantages(torch.ones(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+                               torch.tensor([5.0]), 0.99, 0.95)
+    assert a.item() == 1.0
+
+
+def test_grpo_advantages_conventions():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    std1 = math.sqrt(1 / 3)  # ddof=1: sum of squares 1, divided by G-1 = 3
+    expect = torch.tensor([[0.5, -0.5, -0.5, 0.5]]) / (std1 + 1e-4)
+    assert torch.allclose(core.grpo_advantages(r), expect)
+    assert torch.allclose(core.grpo_advantages(r, ddof=0), torch.tensor([[0.5, -0.5, -0.5, 0.5]]) / 0.5001)
+    assert torch.allclose(core.grpo_advantages(r, scale=False), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
+    assert torch.equal(core.grpo_advantages(torch.ones(2, 5)), torch.zeros(2, 5))  # no signal
+
+
+def test_rloo_advantages():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert torch.allclose(core.rloo_advantages(r), torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    # equals G/(G-1) times the centred reward
+    x = torch.randn(5, 6)
+    assert torch.allclose(core.rloo_advantages(x), 6 / 5 * (x - x.mean(-1, keepdim=True)), atol=1e-6)
+    with pytest.raises(ValueError, match="group_size=1"):
+        core.rloo_advantages(torch.ones(3, 1))
+
+
+def test_ppo_clip_loss_by_hand():
+    lp, old = torch.log(torch.tensor([1.5, 1.5, 0.5])), torch.zeros(3)
+    adv = torch.tensor([1.0, -1.0, 1.0])
+    loss, m = core.ppo_clip_loss(lp, old, adv, clip_eps=0.2)
+    # min(1.5, 1.2) = 1.2; min(-1.5, -1.2) = -1.5; min(0.5, 0.8) = 0.5
+    assert math.isclose(loss.item(), -(1.2 - 1.5 + 0.5) / 3, rel_tol=1e-6)
+    assert math.isclose(m["clipfrac"], 1 / 3, rel_tol=1e-6)
+    loss_hi, _ = core.ppo_clip_loss(lp[:1], old[:1], adv[:1], clip_eps=0.2, clip_eps_high=0.3)
+    assert math.isclose(loss_hi.item(), -1.3, rel_tol=1e-6)
+    mask = torch.tensor([1.0, 0.0, 0.0])
+    loss_m, _ = core.ppo_clip_loss(lp, old, adv, mask=mask)
+    assert math.isclose(loss_m.item(), -1.2, rel_tol=1e-6)
+
+
+def test_ppo_loss_gradient_is_policy_gradient_at_ratio_one():
+    lp = torch.randn(8, requires_grad=True)
+    adv = torch.randn(8)
+    loss, _ = core.ppo_clip_loss(lp, lp.detach(), adv)
+    loss.backward()
+    assert torch.allclose(lp.grad, -adv / 8)
+
+
+def test_kl_estimators_by_hand_and_unbiased():
+    lp, ref = torch.log(torch.tensor(0.5)), torch.log(torch.tensor(0.25))
+    assert math.isclose(core.kl_estimate(lp, ref, "k1").item(), math.log(2), rel_tol=1e-6)
+    assert math.isclose(core.kl_estimate(lp, ref, "k2").item(), 0.5 * math.log(2) ** 2, rel_tol=1e-6)
+    assert math.isclose(core.kl_estimate(lp, ref, "k3").item(), 0.5 - 1 + math.log(2), rel_tol=1e-6)
+    # E_pi[k1] = E_pi[k3] = KL(pi || ref), exactly, by enumeration over a categorical
+    pi = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
+    kl = (pi * (pi / q).log()).sum()
+    for kind in ("k1", "k3"):
+        assert torch.allclose((pi * core.kl_estimate(pi.log(), q.log(), kind)).sum(), kl)
+    with pytest.raises(ValueError, match="k4"):
+        core.kl_estimate(lp, ref, "k4")
+
+
+def test_masked_mean_edges():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert core.masked_mean(x, torch.tensor([[1, 0], [0, 0]])).item() == 1.0
+    assert core.masked_mean(x, torch.zeros(2, 2)).item() == 0.0  # empty mask: 0, not NaN
+    assert torch.equal(core.masked_mean(x, torch.tensor([[1, 1], [0, 0]]), dim=1), torch.tensor([1.5, 0.0]))

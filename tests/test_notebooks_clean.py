@@ -1,0 +1,31 @@
+"""Every notebook is committed clean and declares what the pipeline needs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl_lib.pipeline import notebooks as nbs
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = nbs.notebook_paths(ROOT)
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_clean_and_declared(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert not [i for i, c in enumerate(code) if c.get("outputs")], "commit notebooks without outputs"
+    assert all(c.get("execution_count") is None for c in code), "clear execution counts"
+    info = nbs.load_notebook(path, ROOT)  # parses the parameters cell and validates the profiles
+    assert {"seed", "profile"} <= set(info.params)
+    assert info.params["profile"].default == "ci"
+    assert all(p.help for p in info.params.values()), "every parameter needs a # help comment"
+    for key in ("title", "paper", "url", "modules", "claim"):
+        assert info.meta.get(key), f"metadata.agentrl.{key} is missing"
+    assert {"ci", "cpu", "gpu"} <= set(info.profiles), "declare cpu and gpu profiles"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"

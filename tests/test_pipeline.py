@@ -1,0 +1,186 @@
+"""The pipeline: parameter parsing and checking, profiles, runs with papermill, results, report."""
+
+import json
+
+import nbformat
+import pytest
+
+from agentrl_lib import cli
+from agentrl_lib.pipeline import notebooks as nbs
+from agentrl_lib.pipeline.report import build_report, summarise
+from agentrl_lib.pipeline.results import assert_claims, claim, write_results
+
+PARAMS = '''seed: int = 0  # random seed
+profile: str = "ci"  # profile
+lr: float = 0.1  # learning rate
+steps: int = 3  # number of steps
+fail_at: int = -1  # raise in the work cell when steps reaches this
+tags: list = ["a"]  # some tags
+'''
+
+WORK = '''
+from agentrl_lib.pipeline.results import claim, write_results, assert_claims
+import json, os
+total = sum(range(steps)) * lr
+if fail_at == steps:
+    raise RuntimeError("boom at the work cell")
+claims = [claim("positive", "total is positive", "total", total, 0.0, ">")]
+write_results("00_toy", dict(seed=seed, profile=profile, lr=lr, steps=steps), {"total": total}, claims)
+assert_claims(claims)
+'''
+
+
+def make_repo(tmp_path, profiles_yaml="cpu:\n  steps: 5\n"):
+    (tmp_path / "agentrl_lib").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell(PARAMS)
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# toy"), p, nbformat.v4.new_code_cell(WORK)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["agentrl"] = {"title": "Toy", "paper": "A paper", "url": "https://example.org"}
+    nbformat.write(nb, tmp_path / "notebooks" / "00_toy.ipynb")
+    if profiles_yaml is not None:
+        (tmp_path / "reproductions" / "00_toy").mkdir(parents=True)
+        (tmp_path / "reproductions" / "00_toy" / "profiles.yaml").write_text(profiles_yaml)
+    return tmp_path
+
+
+def test_parse_parameters():
+    ps = nbs.parse_parameters(PARAMS)
+    assert list(ps) == ["seed", "profile", "lr", "steps", "fail_at", "tags"]
+    assert ps["lr"].type == "float" and ps["lr"].default == 0.1 and ps["lr"].help == "learning rate"
+    assert ps["tags"].default == ["a"]
+    assert nbs.parse_parameters("x = 3  # inferred\n")["x"].type == "int"
+    with pytest.raises(nbs.PipelineError, match="must be a literal"):
+        nbs.parse_parameters("x: int = len([1])\n")
+    with pytest.raises(nbs.PipelineError, match="expects int"):
+        nbs.parse_parameters("x: int = 1.5\n")
+    with pytest.raises(nbs.PipelineError, match="only `name: type = literal`"):
+        nbs.parse_parameters("import os\n")
+    with pytest.raises(nbs.PipelineError, match="not one of"):
+        nbs.parse_parameters("x: tuple = (1,)\n")
+
+
+def test_cli_value_types():
+    assert nbs.parse_cli_value("lr", "float", "1e-3") == 1e-3
+    assert nbs.parse_cli_value("f", "bool", "false") is False
+    assert nbs.parse_cli_value("t", "list", "[1, 2]") == [1, 2]
+    for tname, text in [("int", "1.5"), ("bool", "maybe"), ("list", "{a: 1}"), ("float", "x")]:
+        with pytest.raises(nbs.PipelineError, match=f"expects {tname}"):
+            nbs.parse_cli_value("p", tname, text)
+    with pytest.raises(nbs.PipelineError, match="expects int"):
+        nbs.check_value("p", "int", True)  # a bool is not an int
+
+
+def test_resolve_params_precedence_and_errors(tmp_path):
+    root = make_repo(tmp_path)
+    info = nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+    assert nbs.resolve_params(info, "ci", 3)["steps"] == 3
+    cpu = nbs.resolve_params(info, "cpu", 1, [("lr", "0.5")])
+    assert (cpu["steps"], cpu["lr"], cpu["seed"], cpu["profile"]) == (5, 0.5, 1, "cpu")
+    with pytest.raises(nbs.PipelineError, match="unknown parameter 'lrr'"):
+        nbs.resolve_params(info, "ci", 0, [("lrr", "1")])
+    with pytest.raises(nbs.PipelineError, match="has no 'gpu' profile"):
+        nbs.resolve_params(info, "gpu", 0)
+    with pytest.raises(nbs.PipelineError, match="unknown profile 'tpu'"):
+        nbs.resolve_params(info, "tpu", 0)
+
+
+def test_bad_profiles_file(tmp_path):
+    root = make_repo(tmp_path, "cpu:\n  stepz: 5\n")
+    with pytest.raises(nbs.PipelineError, match="unknown parameter 'stepz'"):
+        nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+    (root / "reproductions/00_toy/profiles.yaml").write_text("cpu:\n  steps: many\n")
+    with pytest.raises(nbs.PipelineError, match="'steps' expects int"):
+        nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+
+
+def test_find_notebook(tmp_path):
+    root = make_repo(tmp_path)
+    assert nbs.find_notebook("00", root).stem == "00_toy"
+    with pytest.raises(nbs.PipelineError, match="unknown notebook 'zz'; known notebooks: 00_toy"):
+        nbs.find_notebook("zz", root)
+
+
+def test_claim_directions():
+    assert claim("a", "", "m", 1.0, 0.5, ">", margin=0.4).holds
+    assert not claim("a", "", "m", 1.0, 0.5, ">", margin=0.6).holds
+    assert claim("a", "", "m", 0.1, 0.5, "<").holds
+    assert claim("a", "", "m", 475.0, 475.0, ">=").holds
+    assert not claim("a", "", "m", float("nan"), 1.0, "<=").holds
+    assert claim("a", "", "m", 0.55, 0.5, "~", margin=0.1).holds
+    with pytest.raises(ValueError, match="unknown direction"):
+        claim("a", "", "m", 1, 1, "!=")
+    failing = [claim("ok", "", "m", 1, 0, ">"), claim("bad", "s", "m", 0, 1, ">"),
+               claim("skip", "", "m", 0, 1, ">", asserted=False)]
+    with pytest.raises(AssertionError, match="bad: s") as e:
+        assert_claims(failing)
+    assert "skip" not in str(e.value)
+
+
+def test_write_results_is_complete_and_atomic(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRL_RUN_DIR", str(tmp_path / "r"))
+    path = write_results("nb", {"seed": 4, "profile": "cpu"}, {"m": 1.0},
+                         [claim("c", "s", "m", 1, 0, ">", paper_value=3)])
+    r = json.loads(path.read_text())
+    for key in ("notebook", "paper", "profile", "seed", "params", "metrics", "claims", "versions",
+                "device", "wall_s", "git_commit"):
+        assert key in r
+    assert r["seed"] == 4 and r["claims"][0]["holds"] is True and "torch" in r["versions"]
+    assert not list((tmp_path / "r").glob("*.tmp"))
+
+
+def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    assert cli.main(["run", "00", "--seed", "1", "--seed", "2", "--quiet"]) == 0
+    r1 = json.loads((root / "runs/ci/00_toy/seed1/results.json").read_text())
+    assert r1["metrics"]["total"] == pytest.approx(0.3) and r1["paper"]["title"] == "A paper"
+    assert (root / "runs/ci/00_toy/seed1/00_toy.ipynb").is_file()
+
+    # a failing cell: the run fails, names the cell, keeps the executed notebook, and an
+    # earlier results.json in the same directory is moved aside, not reported as this run's
+    rc = cli.main(["run", "00", "--seed", "1", "-p", "fail_at", "3", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "RuntimeError: boom at the work cell" in out and "cell" in out
+    d = root / "runs/ci/00_toy/seed1"
+    assert not (d / "results.json").exists() and (d / "results.previous.json").exists()
+    assert json.loads((d / "run.json").read_text())["ok"] is False
+
+    # a claim that fails: results.json is still written (nothing computed is lost)
+    rc = cli.main(["run", "00", "--seed", "3", "-p", "lr", "-1.0", "--quiet"])
+    assert rc == 1
+    r3 = json.loads((root / "runs/ci/00_toy/seed3/results.json").read_text())
+    assert r3["claims"][0]["holds"] is False
+
+    # bad input is refused before anything runs
+    assert cli.main(["run", "00", "-p", "nope", "1"]) == 2
+    assert cli.main(["run", "00", "-p", "steps", "x"]) == 2
+    assert "expects int" in capsys.readouterr().err
+
+    assert cli.main(["report"]) == 0
+    md = (root / "report/summary.md").read_text()
+    assert "mixed 1/2" in md  # seed 2 held, seed 3 did not; seed 1 failed before results
+    html = (root / "report/index.html").read_text()
+    assert "boom at the work cell" in html and "Toy" in html
+
+
+def test_summarise_numbers():
+    res = [{"notebook": "n", "profile": "cpu", "seed": s, "title": "T", "paper": {},
+            "claims": [{"id": "c", "statement": "s", "metric": "m", "ours": o, "baseline": 1.0,
+                        "direction": ">", "paper_value": None, "holds": o > 1}]}
+           for s, o in [(0, 2.0), (1, 4.0)]]
+    (row,) = summarise(res)
+    assert row["ours"] == "3 ± 1.4" and row["baseline"] == "1" and row["verdict"] == "holds"
+    assert row["seeds"] == [0, 1]
+
+
+def test_list_and_markdown(tmp_path, monkeypatch, capsys):
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: float = 0.1  # learning rate" in out and "[cpu: 5]" in out
+    assert cli.main(["list", "--markdown"]) == 0
+    assert "[A paper](https://example.org)" in capsys.readouterr().out
