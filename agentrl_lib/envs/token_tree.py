@@ -24,6 +24,14 @@ import torch
 Tensor = torch.Tensor
 
 
+def leaf_distribution(probs: list[Tensor]) -> Tensor:
+    """P(leaf) (V^H,) of a per-depth policy: the product of pi along each root-to-leaf path."""
+    p = torch.ones(1, dtype=probs[0].dtype)
+    for probs_d in probs:
+        p = (p[:, None] * probs_d).reshape(-1)  # (V^(d+1),)
+    return p
+
+
 class TokenTreeMDP:
     """V tokens, depth H, binary terminal reward on a set of correct leaves.
 
@@ -95,11 +103,8 @@ class TokenTreeMDP:
         return [self.reward.reshape(self.V**d, self.V, -1).amax(-1) for d in range(self.H)]
 
     def leaf_distribution(self, probs: list[Tensor]) -> Tensor:
-        """P(leaf) under the policy, (V^H,): the product of pi along each path."""
-        p = torch.ones(1, dtype=probs[0].dtype)
-        for d in range(self.H):
-            p = (p[:, None] * probs[d]).reshape(-1)  # (V^(d+1),)
-        return p
+        """P(leaf) under the policy, (V^H,)."""
+        return leaf_distribution(probs)
 
     def pass_at_k(self, probs: list[Tensor], k: int) -> Tensor:
         """Exact pass@k = 1 - (1 - J)^k for k independent samples."""
