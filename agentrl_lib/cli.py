@@ -3,6 +3,7 @@
     agentrl list [--markdown]
     agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
     agentrl report [--runs runs] [--out report]
+    agentrl cache [NAME ...]          build the cached SFT base models (agentrl-sft/<name>)
 
 ``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
 after another; a failure is reported and the others still run (the exit code is 1 if any failed).
@@ -89,6 +90,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    import time
+
+    from agentrl_lib.models.sft import BASE_MODELS, base_config, sft_checkpoint
+
+    names = args.names or list(BASE_MODELS)
+    try:  # unknown names fail before any training
+        cfgs = {n: base_config(n) for n in names}
+    except ValueError as e:
+        raise PipelineError(str(e)) from None
+    for name, cfg in cfgs.items():
+        t0 = time.time()
+        path = sft_checkpoint(cfg, verbose=not args.quiet)
+        print(f"agentrl-sft/{name}: {path} ({time.time() - t0:.1f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agentrl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
     p.add_argument("--out", help="output folder (default: <repo>/report)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("cache", help="build (or check) the cached SFT base models")
+    p.add_argument("names", nargs="*", help="base model names (default: all)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_cache)
     return ap
 
 

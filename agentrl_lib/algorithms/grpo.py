@@ -57,6 +57,9 @@ class GRPOConfig:
     """DAPO soft overlong punishment: length window before max_new_tokens where a linear penalty
     grows to ``overlong_penalty``; 0 turns it off"""
     overlong_penalty: float = 1.0
+    overlong_filter: bool = False
+    """leave truncated completions (no end-of-sequence within max_new_tokens) out of the loss
+    (DAPO's overlong filtering; one of the tricks ablated in Tricks or Traps)"""
     num_prompts: int = 16
     """prompts per update"""
     group_size: int = 8
@@ -237,9 +240,11 @@ def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg:
                                                  cfg.overlong_penalty)
         adv = compute_advantages(rewards.view(cfg.num_prompts, cfg.group_size), cfg).reshape(-1)
         keep = torch.ones_like(rewards, dtype=torch.bool)
+        if cfg.overlong_filter:
+            keep &= (gen.completion_ids == tokenizer.eos_token_id).any(-1)
         if cfg.dynamic_sampling:
             std = rewards.view(cfg.num_prompts, cfg.group_size).std(-1)
-            keep = (std > 0).repeat_interleave(cfg.group_size)
+            keep &= (std > 0).repeat_interleave(cfg.group_size)
         row.update(reward=rewards.mean().item(), completion_len=lengths.float().mean().item(),
                    kept_frac=keep.float().mean().item(), gen_s=t_gen)
         if keep.any():

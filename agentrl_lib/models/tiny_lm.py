@@ -27,6 +27,7 @@ SIZES = {
     "base-256": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024),
 }
 BUILTIN_PREFIX = "agentrl/"
+SFT_PREFIX = "agentrl-sft/"
 
 
 def build_tokenizer():
@@ -89,14 +90,20 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kw
     """Load a causal LM and its tokenizer.
 
     - ``agentrl/<size>`` (e.g. ``agentrl/tiny-64``): the project's tiny model, freshly initialised
-      (``builtin_kwargs`` go to ``new_model``); the SFT'd checkpoints come from ``agentrl_lib.models.sft``.
+      (``builtin_kwargs`` go to ``new_model``).
+    - ``agentrl-sft/<name>`` (e.g. ``agentrl-sft/arith-tiny``): a named SFT base model of
+      ``agentrl_lib.models.sft.BASE_MODELS``, trained on first use and cached.
     - a local folder or a hub name: ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer``.
       A missing folder that is not a reachable hub name raises ``FileNotFoundError`` naming it.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name_or_path.startswith(BUILTIN_PREFIX):
+    if name_or_path.startswith(SFT_PREFIX):
+        from agentrl_lib.models.sft import base_config, sft_checkpoint
+
+        name_or_path = str(sft_checkpoint(base_config(name_or_path[len(SFT_PREFIX):])))
+    elif name_or_path.startswith(BUILTIN_PREFIX):
         model, tok = new_model(name_or_path[len(BUILTIN_PREFIX):], **builtin_kwargs)
         return model.to(device=device, dtype=dtype or torch.float32), tok
     path = Path(name_or_path).expanduser()
