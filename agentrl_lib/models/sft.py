@@ -59,7 +59,7 @@ def base_config(name: str) -> SFTConfig:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")  # empty = unset
 
 
 def config_key(cfg: SFTConfig) -> str:
