@@ -87,6 +87,11 @@ def cmd_report(args) -> int:
     info = build_report(runs, out)
     print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs")
     print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")
+    if args.publish:
+        from agentrl_lib.pipeline.report import publish
+
+        written = publish(runs, root / "reproductions", args.publish)
+        print(f"published the {args.publish!r} profile: {len(written)} files under reproductions/")
     return 0
 
 
@@ -126,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
     p.add_argument("--out", help="output folder (default: <repo>/report)")
+    p.add_argument("--publish", metavar="PROFILE", choices=PROFILES,
+                   help="also write reproductions/RESULTS.md and per-notebook CSVs and figures "
+                        "for this profile (the committed summaries)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("cache", help="build (or check) the cached SFT base models")
     p.add_argument("names", nargs="*", help="base model names (default: all)")

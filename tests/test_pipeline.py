@@ -184,3 +184,24 @@ def test_list_and_markdown(tmp_path, monkeypatch, capsys):
     assert "lr: float = 0.1  # learning rate" in out and "[cpu: 5]" in out
     assert cli.main(["list", "--markdown"]) == 0
     assert "[A paper](https://example.org)" in capsys.readouterr().out
+
+
+def test_publish_writes_csv_figures_and_results_md(tmp_path, monkeypatch):
+    from agentrl_lib.pipeline.report import publish
+
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    for s in (0, 1):
+        assert cli.main(["run", "00", "--profile", "cpu", "--seed", str(s), "--quiet"]) == 0
+    fig_dir = root / "runs/cpu/00_toy/seed0/figures"
+    fig_dir.mkdir()
+    (fig_dir / "curve.png").write_bytes(b"png")
+    written = publish(root / "runs", root / "reproductions", "cpu")
+    csv_text = (root / "reproductions/00_toy/cpu_summary.csv").read_text()
+    assert "positive" in csv_text and "0 1" in csv_text and "holds" in csv_text
+    assert (root / "reproductions/00_toy/figures/cpu_seed0_curve.png").read_bytes() == b"png"
+    md = (root / "reproductions/RESULTS.md").read_text()
+    assert md.count("## Profile `cpu`") == 1 and "1 ± 0" not in md  # ours = 1.0 both seeds
+    publish(root / "runs", root / "reproductions", "cpu")  # a second publish replaces the section
+    assert (root / "reproductions/RESULTS.md").read_text().count("## Profile `cpu`") == 1
+    assert len(written) == 3
