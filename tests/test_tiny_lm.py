@@ -36,6 +36,12 @@ def test_save_and_load_from_pretrained(tiny, tmp_path):
     x = torch.tensor([tok(chat(tok, "7+8="))["input_ids"]])
     assert torch.allclose(model(x).logits, model2.eval()(x).logits, atol=1e-6)
     assert tok2.decode(x[0]) == tok.decode(x[0])
+    # encoding too, with config.json beside the tokenizer (AutoTokenizer would rebuild a qwen2
+    # byte-level tokenizer from it and drop the newlines)
+    text = chat(tok, "12 + 34 =\nok")
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"]
+    assert tok2.apply_chat_template([{"role": "user", "content": "a"}], tokenize=False) == \
+        tok.apply_chat_template([{"role": "user", "content": "a"}], tokenize=False)
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):

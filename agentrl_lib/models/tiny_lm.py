@@ -86,6 +86,22 @@ def new_model(size: str = "tiny-64", seed: int = 0, tokenizer=None):
     return model, tok
 
 
+def is_char_tokenizer(folder) -> bool:
+    """True when ``folder/tokenizer.json`` holds this project's character-level tokenizer.
+
+    Needed because transformers 5's ``AutoTokenizer`` rebuilds the tokenizer from the model type in
+    config.json (qwen2 -> a byte-level BPE pre-tokenizer), silently dropping our single-character
+    split: newlines vanish and the model sees text it was never trained on.
+    """
+    import json
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return False
+    pre = json.loads(path.read_text()).get("pre_tokenizer") or {}
+    return pre.get("type") == "Split" and pre.get("pattern") == {"Regex": r"[\s\S]"}
+
+
 def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kwargs):
     """Load a causal LM and its tokenizer.
 
@@ -112,7 +128,12 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kw
         raise FileNotFoundError(f"no checkpoint at {path}: expected a folder with config.json "
                                 f"(saved by save_pretrained)")
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        if is_char_tokenizer(path):
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        else:
+            tok = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype or "auto")
     except OSError as e:
         raise FileNotFoundError(
