@@ -1,6 +1,7 @@
 # The two set-up commands of the README:
 #   make report   set up, run every notebook in the cpu profile (seeds 0 1 2), build report/index.html
-#   make test     set up, run the unit tests and execute every notebook (ci profile) under nbval
+#   make test     set up, build the cached SFT base models (once), run the unit tests and execute
+#                 every notebook (ci profile) under nbval
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
 # so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
 
@@ -23,6 +24,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
+	$(VENV)/bin/agentrl cache arith-tiny chain-tiny --quiet
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 report: setup

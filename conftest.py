@@ -11,6 +11,7 @@ _NB_TIMES: dict[str, float] = defaultdict(float)
 def pytest_configure(config):
     os.environ.setdefault("AGENTRL_RUNS_ROOT", tempfile.mkdtemp(prefix="agentrl-nbval-"))
     os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("AGENTRL_HEADLESS", "1")  # no widgets under nbval (plotting.interactive_view)
 
 
 def pytest_runtest_logreport(report):

@@ -66,7 +66,8 @@ def cmd_run(args) -> int:
         for s in seeds:
             k = len(outcomes) + 1
             print(f"[{k}/{total}] {info.name} profile={args.profile} seed={s}", flush=True)
-            out = execute(info, args.profile, s, args.param, runs_root, progress=not args.quiet)
+            out = execute(info, args.profile, s, args.param, runs_root, progress=not args.quiet,
+                          cell_timeout=args.cell_timeout or None)
             outcomes.append(out)
             print(f"[{k}/{total}] {out.line()}\n        -> {out.run_dir}", flush=True)
     failed = [o for o in outcomes if not o.ok]
@@ -98,6 +99,10 @@ def cmd_report(args) -> int:
 def cmd_cache(args) -> int:
     import time
 
+    import torch
+
+    torch.set_num_threads(1)  # tiny models: one thread is as fast when idle, far faster when busy
+
     from agentrl_lib.models.sft import BASE_MODELS, base_config, sft_checkpoint
 
     names = args.names or list(BASE_MODELS)
@@ -127,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=[], help="override one parameter (checked against the notebook)")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
+                   help="fail a run whose cell runs longer than S seconds (0: no limit)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")

@@ -34,3 +34,30 @@ def plot_curves(ax, curves: dict, x=None, xlabel: str = "step", ylabel: str = ""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return ax
+
+
+def headless() -> bool:
+    """True when no person is at the notebook: under ``agentrl run`` (papermill) and the test suite
+    (nbval), which set AGENTRL_HEADLESS=1."""
+    import os
+
+    return os.environ.get("AGENTRL_HEADLESS", "") not in ("", "0")
+
+
+def interactive_view(fn, **controls):
+    """Show ``ipywidgets.interactive(fn, **controls)`` when a person is at the notebook; headless,
+    do nothing (the notebook draws the static figure itself). Widgets are views over the plain
+    function ``fn``; under papermill their comm traffic is useless and has hung the client.
+    Returns the widget, or None."""
+    if headless():
+        print("(headless run: the interactive view is skipped; the static figure above shows it)")
+        return None
+    try:
+        import ipywidgets as widgets
+        from IPython.display import display
+    except ImportError:
+        print("ipywidgets is not installed: the static figure above is the view")
+        return None
+    w = widgets.interactive(fn, **controls)
+    display(w)
+    return w

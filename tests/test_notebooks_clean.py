@@ -29,3 +29,10 @@ def test_notebook_is_clean_and_declared(path):
         assert info.meta.get(key), f"metadata.agentrl.{key} is missing"
     assert {"ci", "cpu", "gpu"} <= set(info.profiles), "declare cpu and gpu profiles"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_readme_map_lists_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("<!-- map:start"), readme.index("<!-- map:end -->")
+    missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.name}" not in readme[start:end]]
+    assert not missing, f"regenerate the README map with `agentrl list --markdown`: {missing}"

@@ -16,11 +16,13 @@ lr: float = 0.1  # learning rate
 steps: int = 3  # number of steps
 fail_at: int = -1  # raise in the work cell when steps reaches this
 tags: list = ["a"]  # some tags
+sleep_s: float = 0.0  # seconds to sleep in the work cell
 '''
 
 WORK = '''
 from agentrl_lib.pipeline.results import claim, write_results, assert_claims
-import json, os
+import json, os, time
+time.sleep(sleep_s)
 total = sum(range(steps)) * lr
 if fail_at == steps:
     raise RuntimeError("boom at the work cell")
@@ -48,7 +50,7 @@ def make_repo(tmp_path, profiles_yaml="cpu:\n  steps: 5\n"):
 
 def test_parse_parameters():
     ps = nbs.parse_parameters(PARAMS)
-    assert list(ps) == ["seed", "profile", "lr", "steps", "fail_at", "tags"]
+    assert list(ps) == ["seed", "profile", "lr", "steps", "fail_at", "tags", "sleep_s"]
     assert ps["lr"].type == "float" and ps["lr"].default == 0.1 and ps["lr"].help == "learning rate"
     assert ps["tags"].default == ["a"]
     assert nbs.parse_parameters("x = 3  # inferred\n")["x"].type == "int"
@@ -153,6 +155,10 @@ def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
     assert rc == 1
     r3 = json.loads((root / "runs/ci/00_toy/seed3/results.json").read_text())
     assert r3["claims"][0]["holds"] is False
+
+    # a hung cell becomes a failed run that says so, not a wait without end
+    rc = cli.main(["run", "00", "--seed", "4", "-p", "sleep_s", "30", "--cell-timeout", "2", "--quiet"])
+    assert rc == 1 and "cell-timeout=2" in capsys.readouterr().out
 
     # bad input is refused before anything runs
     assert cli.main(["run", "00", "-p", "nope", "1"]) == 2

@@ -38,9 +38,12 @@ def run_dir_for(runs_root: Path, profile: str, notebook: str, seed: int) -> Path
 
 
 def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
-            runs_root: Path | str = "runs", progress: bool = True) -> RunOutcome:
+            runs_root: Path | str = "runs", progress: bool = True,
+            cell_timeout: int | None = 3600) -> RunOutcome:
     """Run one notebook for one seed. Parameter errors raise before anything runs; an error inside
-    the notebook is caught and returned in the outcome (with the cell that raised it)."""
+    the notebook is caught and returned in the outcome (with the cell that raised it).
+    ``cell_timeout`` (seconds per cell) turns a hung cell into a failed run instead of a wait
+    without end."""
     import papermill as pm
 
     params = resolve_params(info, profile, seed, cli_params)
@@ -51,20 +54,24 @@ def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
         os.replace(stale, out_dir / "results.previous.json")
     (out_dir / "params.json").write_text(json.dumps(params, indent=2))
 
-    env_backup = {k: os.environ.get(k) for k in ("AGENTRL_RUN_DIR", "AGENTRL_NOTEBOOK")}
+    env_backup = {k: os.environ.get(k) for k in ("AGENTRL_RUN_DIR", "AGENTRL_NOTEBOOK",
+                                                 "AGENTRL_HEADLESS")}
     os.environ["AGENTRL_RUN_DIR"] = str(out_dir)
     os.environ["AGENTRL_NOTEBOOK"] = str(info.path.resolve())
+    os.environ["AGENTRL_HEADLESS"] = "1"  # no widgets: nobody is looking (plotting.interactive_view)
     t0 = time.time()
     error, cell = "", None
     try:
         pm.execute_notebook(
             str(info.path), str(out_dir / f"{info.name}.ipynb"), parameters=params,
             cwd=str(info.path.parent), progress_bar=progress, kernel_name="python3",
-            report_mode=False,
+            report_mode=False, execution_timeout=cell_timeout,
         )
     except pm.PapermillExecutionError as e:
         cell = e.exec_count
         error = f"cell {e.exec_count} raised {e.ename}: {e.evalue}".strip()
+    except TimeoutError as e:  # nbclient's CellTimeoutError is a TimeoutError
+        error = f"a cell ran past --cell-timeout={cell_timeout} s: {str(e).splitlines()[0]}"
     finally:
         for k, v in env_backup.items():
             if v is None:
