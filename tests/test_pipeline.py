@@ -179,6 +179,14 @@ def test_summarise_numbers():
            for s, o in [(0, 2.0), (1, 4.0)]]
     (row,) = summarise(res)
     assert row["ours"] == "3 ± 1.4" and row["baseline"] == "1" and row["verdict"] == "holds"
+    assert row["on_mean"] == "holds"
+    # a bar judged on the mean of seeds: one seed below it, the mean above
+    res2 = [{"notebook": "n", "profile": "cpu", "seed": s, "paper": {},
+             "claims": [{"id": "bar", "statement": "s", "metric": "m", "ours": o, "baseline": 475.0,
+                         "direction": ">=", "margin": 0.0, "paper_value": None, "holds": o >= 475}]}
+            for s, o in [(0, 490.8), (1, 474.3), (2, 497.3)]]
+    (bar,) = summarise(res2)
+    assert bar["verdict"] == "mixed 2/3" and bar["on_mean"] == "holds"
     assert row["seeds"] == [0, 1]
 
 
