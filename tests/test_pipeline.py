@@ -123,8 +123,11 @@ def test_claim_directions():
 
 def test_write_results_is_complete_and_atomic(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTRL_RUN_DIR", str(tmp_path / "r"))
-    path = write_results("nb", {"seed": 4, "profile": "cpu"}, {"m": 1.0},
+    path = write_results("nb", {"seed": 4, "profile": "cpu"}, {"m": 1.0, "curve": [3, 2.5]},
                          [claim("c", "s", "m", 1, 0, ">", paper_value=3)])
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"series": "curve", "index": 0, "value": 3},
+                    {"series": "curve", "index": 1, "value": 2.5}, {"final": {"m": 1.0}}]
     r = json.loads(path.read_text())
     for key in ("notebook", "paper", "profile", "seed", "params", "metrics", "claims", "versions",
                 "device", "wall_s", "git_commit"):
@@ -148,6 +151,7 @@ def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
     assert rc == 1 and "RuntimeError: boom at the work cell" in out and "cell" in out
     d = root / "runs/ci/00_toy/seed1"
     assert not (d / "results.json").exists() and (d / "results.previous.json").exists()
+    assert not (d / "metrics.jsonl").exists()  # the earlier run's curves are gone too
     assert json.loads((d / "run.json").read_text())["ok"] is False
 
     # a claim that fails: results.json is still written (nothing computed is lost)

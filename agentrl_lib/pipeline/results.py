@@ -165,10 +165,32 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
     }
     if extra:
         payload.update(extra)
+    write_metrics_jsonl(run_dir(notebook, seed), metrics)
     path = run_dir(notebook, seed) / "results.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_default))
     os.replace(tmp, path)
+    return path
+
+
+def write_metrics_jsonl(directory: Path, metrics: dict) -> Path:
+    """``metrics.jsonl`` of the run: every list-valued metric (a curve) as rows
+    ``{"series", "index", "value"}``, then one row ``{"final": {...scalars}}``. When the notebook
+    already logged step by step with ``utils.MetricsLogger`` (same file), only the final row is
+    appended."""
+    path = Path(directory) / "metrics.jsonl"
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or
+               (hasattr(v, "item") and getattr(v, "ndim", 1) == 0)}
+    lines = []
+    if not path.exists():
+        for name, values in metrics.items():
+            if isinstance(values, (list, tuple)) and all(
+                    isinstance(x, (int, float)) for x in values):
+                lines += [json.dumps({"series": name, "index": i, "value": x})
+                          for i, x in enumerate(values)]
+    lines.append(json.dumps({"final": scalars}, default=_default))
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,9 @@ def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
     stale = out_dir / "results.json"
     if stale.exists():
         os.replace(stale, out_dir / "results.previous.json")
+    # what an earlier run of this directory left must not mix with this run's output
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "figures", ignore_errors=True)
     (out_dir / "params.json").write_text(json.dumps(params, indent=2))
 
     env_backup = {k: os.environ.get(k) for k in ("AGENTRL_RUN_DIR", "AGENTRL_NOTEBOOK",
