@@ -1,0 +1,480 @@
+"""PPO for causal language models with a learned critic and token-level GAE (RLHF-style PPO).
+
+TRL removed its ``PPOTrainer``; this file is the method readable top to bottom: a config
+dataclass (``PPOLMConfig``), the value model (``ValueModel``, ``make_value_model``), pure
+functions of tensors (``token_rewards``, ``token_gae``, ``masked_whiten``, ``ppo_lm_losses``),
+one update (``ppo_update``) and the loop (``train``, same inputs and logged rows as
+``grpo.train``, so both can share a figure).
+
+The MDP. A prompt is the first state; each completion token is an action; the state s_t is the
+prompt plus the first t completion tokens. With a verifiable reward the environment pays the
+outcome score once, on the last real token of the completion (its end-of-sequence token, or the
+last generated token of a truncated completion); nothing after it exists. RLHF-PPO adds a
+per-token penalty ``-beta * (log pi - log pi_ref)`` to every real token (Ziegler et al. 2019;
+Stiennon et al. 2020; Ouyang et al. 2022); ``beta`` defaults to 0 here (verifiable rewards).
+
+The critic. ``critic="separate"`` (default) is a second copy of the SFT trunk with a linear head
+on its last hidden state: separate parameters, as in Stiennon et al. 2020 ("Learning to summarize
+from human feedback", arXiv:2009.01325), InstructGPT (Ouyang et al. 2022, arXiv:2203.02155), the
+N+ implementation details (Huang et al. 2024, arXiv:2403.17031: a ``PolicyAndValueWrapper`` of
+two networks) and TRL's PPOv2 trainer ("per OpenAI's setting in summarize from feedback and
+InstructGPT", huggingface/trl issue 1783); the reason given by Stiennon et al. is that value-loss
+gradients through a shared trunk can damage the pretrained policy early in training. Those setups
+initialise the critic from the reward model; a verifiable reward has none, so the critic's trunk is
+a copy of the SFT policy's. ``critic="shared"`` puts the head on the policy's own trunk (TRL's
+old ``AutoModelForCausalLMWithValueHead``): almost no extra parameters and one forward pass for
+both, at the price of value gradients in the policy.
+The head's weights start at zero (V = 0 everywhere), as lm-human-preferences initialised its
+value head (Huang et al. 2023, "The N implementation details of RLHF with PPO", HF blog).
+
+Conventions (each a choice where implementations differ):
+- V(s_t) is read from the hidden state at the position that predicts completion token t (the last
+  prompt position for t = 0), the same positions the policy's log-probs come from.
+- GAE runs through ``core.gae_advantages`` with ``done_t = 1`` at the last real token and on the
+  padding after it, and values/rewards zeroed on padding, so nothing after the end leaks into an
+  advantage. gamma = 1, lam = 0.95 (Huang et al. 2024, TRL's PPOConfig).
+- Advantages are whitened over the real tokens of the whole batch before the epochs (Huang et al.
+  2024 whiten the batch; CleanRL whitens each minibatch).
+- Policy and value losses are token-level means over the real tokens of a minibatch (TRL's PPO,
+  Huang et al. 2024); the value loss is clipped around the rollout's values (``ppo.value_loss``).
+- The KL penalty in the reward uses ``kl_estimator`` (k1 = log pi - log pi_ref per token, the RLHF
+  choice); it is a reward, so it enters the advantages, not the loss.
+- One AdamW (no weight decay, as ``grpo.train``) with two parameter groups: the policy at ``lr``,
+  the critic's own parameters at ``critic_lr`` (verl's GAE examples use 10x the actor's rate).
+- Gradients are clipped separately for the policy's and the separate critic's parameters, so a
+  large value gradient never shrinks the policy step (a shared trunk's are clipped together).
+- The shared path applies the LM head to the trunk's hidden states itself; a model that changes
+  its logits after the head (e.g. Gemma 2's soft-capping) needs the separate path.
+
+Logged row keys (one row per update; ``grpo.train``'s names where they overlap):
+``step``, ``reward`` (mean outcome score), ``completion_len``, ``gen_s`` (generation seconds),
+``step_s`` (the whole update: generation, scoring, critic, epochs), ``eval_acc`` (greedy held-out
+accuracy, every ``eval_every``), ``loss``/``pg_loss``/``vf_loss``/``clipfrac``/``approx_kl``/
+``vf_clipfrac`` (means over the epochs' minibatches), ``entropy``, ``explained_var`` (1 - Var[R-V] /
+Var[R] over real tokens, R the GAE returns, as ``ppo.explained_variance``), ``explained_var_mc``
+(the same against the Monte-Carlo return, the sum of the rewards still to come), ``value_mean``,
+``return_mean``, ``kl`` (mean per-token KL to the reference, when beta > 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agentrl_lib import core
+from agentrl_lib.algorithms import grpo
+from agentrl_lib.algorithms.ppo import explained_variance, value_loss
+
+Tensor = torch.Tensor
+CRITICS = ("separate", "shared")
+
+
+@dataclass
+class PPOLMConfig:
+    """Hyperparameters. Where a default comes from a paper or TRL's PPOConfig, the field says so."""
+
+    critic: str = "separate"
+    """'separate': a copy of the SFT trunk plus a linear head (Stiennon et al. 2020, Ouyang et al.
+    2022, Huang et al. 2024); 'shared': a linear head on the policy's own trunk"""
+    gamma: float = 1.0
+    """discount over completion tokens (1: the outcome counts fully at every token; Huang et al.
+    2024)"""
+    lam: float = 0.95
+    """GAE lambda (Huang et al. 2024; TRL PPOConfig); 1 gives A_t = R - V(s_t)"""
+    beta: float = 0.0
+    """per-token KL penalty to the reference policy added to the rewards (RLHF-PPO: 0.05 in Huang
+    et al. 2024); 0 for verifiable rewards and no reference model is needed"""
+    kl_estimator: str = "k1"
+    """per-token KL estimator in the reward penalty ('k1' = log pi - log pi_ref, as in RLHF-PPO)"""
+    clip_eps: float = 0.2
+    """PPO clip range of the policy ratio (Schulman et al. 2017; Huang et al. 2024)"""
+    clip_eps_value: float = 0.2
+    """clip range of the value update around the rollout's values (Huang et al. 2024); 0 turns
+    value clipping off"""
+    vf_coef: float = 0.1
+    """weight of the value loss in the total loss (Huang et al. 2024; TRL PPOConfig)"""
+    whiten_advantages: bool = True
+    """normalise advantages to zero mean, unit variance over the batch's real tokens"""
+    num_ppo_epochs: int = 4
+    """passes over each batch of completions (Huang et al. 2024; TRL PPOConfig)"""
+    num_minibatches: int = 1
+    """minibatches per epoch (TRL PPOConfig: 1); must divide num_prompts * group_size"""
+    num_prompts: int = 32
+    """prompts per update"""
+    group_size: int = 1
+    """completions per prompt; PPO needs no groups (1), >1 repeats each prompt, e.g. to see exactly
+    the prompts a GRPO run sees"""
+    num_iters: int = 100
+    """updates (one generation round each)"""
+    lr: float = 1e-3
+    """AdamW learning rate of the policy (and of the critic when critic_lr is None, as in TRL)"""
+    critic_lr: float | None = None
+    """learning rate of the critic's own parameters (the head only, when shared); None: lr. verl's
+    GAE examples train the critic at 10x the actor's rate (critic.optim.lr=1e-5, actor 1e-6)"""
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    """sampling temperature; log-probs are those of the tempered distribution"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip, applied to the policy and the separate critic each on its own"""
+    eval_every: int = 10
+    """updates between greedy held-out evaluations (and at the end)"""
+    seed: int = 0
+    """seeds the prompt draw and the sampling exactly as grpo.train does, and the minibatch
+    shuffle"""
+
+    def __post_init__(self):
+        if self.critic not in CRITICS:
+            raise ValueError(f"unknown critic {self.critic!r}; choose one of {CRITICS}")
+        checks = [
+            (0.0 <= self.gamma <= 1.0, "gamma must be in [0, 1]"),
+            (0.0 <= self.lam <= 1.0, "lam must be in [0, 1]"),
+            (self.beta >= 0.0, "beta must be >= 0"),
+            (self.clip_eps > 0.0, "clip_eps must be > 0"),
+            (self.clip_eps_value >= 0.0, "clip_eps_value must be >= 0"),
+            (self.vf_coef >= 0.0, "vf_coef must be >= 0"),
+            (self.num_ppo_epochs >= 1, "num_ppo_epochs must be >= 1"),
+            (self.num_minibatches >= 1, "num_minibatches must be >= 1"),
+            (self.num_prompts >= 1, "num_prompts must be >= 1"),
+            (self.group_size >= 1, "group_size must be >= 1"),
+            (self.num_iters >= 0, "num_iters must be >= 0"),
+            (self.lr > 0.0, "lr must be > 0"),
+            (self.critic_lr is None or self.critic_lr > 0.0, "critic_lr must be None or > 0"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.temperature > 0.0, "temperature must be > 0"),
+            (self.max_grad_norm > 0.0, "max_grad_norm must be > 0"),
+            (self.eval_every >= 1, "eval_every must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"PPOLMConfig: {msg}")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}; choose k1, k2 or k3")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(f"PPOLMConfig: num_minibatches={self.num_minibatches} must divide "
+                             f"num_prompts * group_size = {self.batch_size}")
+
+    @property
+    def batch_size(self) -> int:
+        """completions per update"""
+        return self.num_prompts * self.group_size
+
+
+# --- the value model -------------------------------------------------------------------------
+class ValueModel(nn.Module):
+    """V(s) at every position: a transformer trunk (the causal LM without its LM head) and a
+    linear head on the last hidden state. The head starts at zero, so V = 0 before training."""
+
+    def __init__(self, trunk: nn.Module, hidden_size: int):
+        super().__init__()
+        self.trunk = trunk
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """(B, L) ids -> (B, L) values, float32."""
+        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids).last_hidden_state  # (B, L, H)
+        return self.head(h.float()).squeeze(-1)  # (B, L)
+
+    def shares_trunk_with(self, policy) -> bool:
+        return self.trunk is policy.base_model
+
+
+def make_value_model(policy, critic: str = "separate") -> ValueModel:
+    """The critic for ``policy`` (any transformers causal LM): 'separate' deep-copies its trunk
+    (``policy.base_model``, the LM without the LM head), 'shared' uses the very same module."""
+    if critic not in CRITICS:
+        raise ValueError(f"unknown critic {critic!r}; choose one of {CRITICS}")
+    trunk = policy.base_model if critic == "shared" else copy.deepcopy(policy.base_model)
+    vm = ValueModel(trunk, policy.config.hidden_size)
+    return vm.to(next(policy.parameters()).device)
+
+
+def critic_parameters(policy, critic: ValueModel) -> list[nn.Parameter]:
+    """The critic's parameters that the policy does not already own (only the head when shared)."""
+    own = {id(p) for p in policy.parameters()}
+    return [p for p in critic.parameters() if id(p) not in own]
+
+
+def logps_values(policy, critic: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 completion_ids: Tensor, completion_mask: Tensor,
+                 temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token log-probs, entropies and values V(s_t) of the completions, with gradients.
+
+    Returns three (B, T) tensors, zero where completion_mask is 0. values[:, t] is read at the
+    position that predicts token t, i.e. the state before token t. A shared trunk runs once.
+    """
+    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
+    attn = torch.cat([prompt_mask, completion_mask], 1)  # (B, P+T)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    if critic.shares_trunk_with(policy):
+        h = policy.base_model(input_ids=ids, attention_mask=attn,
+                              position_ids=pos).last_hidden_state  # (B, P+T, H)
+        h = h[:, P - 1:P + T - 1]  # (B, T, H) states s_0 .. s_{T-1}
+        logits = policy.get_output_embeddings()(h)  # (B, T, V)
+        values = critic.head(h.float()).squeeze(-1)  # (B, T)
+    else:
+        logits = policy(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+        logits = logits[:, P - 1:P + T - 1]  # (B, T, V)
+        values = critic(ids, attn, pos)[:, P - 1:P + T - 1]  # (B, T)
+    logp_all = F.log_softmax(logits.float() / temperature, -1)  # (B, T, V)
+    logps = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1)  # (B, T)
+    ents = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    m = completion_mask.to(logps.dtype)
+    return logps * m, ents * m, values * m
+
+
+@torch.no_grad()
+def rollout_values(critic: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                   completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
+    """V(s_t) of the sampled completions without gradients (the rollout's ``old_values``), (B, T),
+    zero on padding: one forward pass of the critic only (of the shared trunk when shared)."""
+    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
+    attn = torch.cat([prompt_mask, completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    values = critic(ids, attn, pos)[:, P - 1:P + T - 1]  # (B, T)
+    return values * completion_mask.to(values.dtype)
+
+
+# --- pure functions of tensors ---------------------------------------------------------------
+def last_token_index(completion_mask: Tensor) -> Tensor:
+    """Index of the last real token of each row, (B,); -1 for an empty row.
+
+    >>> last_token_index(torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])).tolist()
+    [1, 2, -1]
+    """
+    return completion_mask.long().sum(-1) - 1
+
+
+def token_rewards(scores: Tensor, completion_mask: Tensor, logps: Tensor | None = None,
+                  ref_logps: Tensor | None = None, beta: float = 0.0,
+                  kl_estimator: str = "k1") -> Tensor:
+    """Per-token rewards r_t, (B, T): the outcome score on the last real token of each completion,
+    plus ``-beta * KL_t`` on every real token when beta > 0 (RLHF-PPO). Zero on padding.
+
+    scores: (B,); completion_mask, logps, ref_logps: (B, T).
+
+    >>> token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([[1, 1, 0], [1, 1, 1]])).tolist()
+    [[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]]
+    """
+    m = completion_mask.to(scores.dtype)  # (B, T)
+    r = torch.zeros_like(m)
+    last = last_token_index(completion_mask)  # (B,)
+    rows = (last >= 0).nonzero().squeeze(-1)
+    r[rows, last[rows]] = scores[rows]
+    if beta != 0.0:
+        if logps is None or ref_logps is None:
+            raise ValueError("beta != 0 needs logps and ref_logps")
+        r = r - beta * core.kl_estimate(logps, ref_logps, kl_estimator) * m
+    return r
+
+
+def episode_done(completion_mask: Tensor) -> Tensor:
+    """done_t = 1 from the last real token on (core's convention: the episode ended after step t);
+    padding positions are marked done too, so nothing flows back from them.
+
+    >>> episode_done(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])).tolist()
+    [[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]]
+    """
+    T = completion_mask.shape[-1]
+    t = torch.arange(T, device=completion_mask.device)  # (T,)
+    return (t[None, :] >= last_token_index(completion_mask)[:, None]).float()  # (B, T)
+
+
+def token_gae(r_t: Tensor, v_t: Tensor, completion_mask: Tensor, gamma: float = 1.0,
+              lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """Token-level GAE over completions, mask-aware: ``core.gae_advantages`` with done_t at the
+    last real token, values and rewards zeroed on padding and no bootstrap past the window.
+
+    delta_t = r_t + gamma * V(s_{t+1}) * (1 - done_t) - V(s_t)
+    A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}
+
+    r_t, v_t, completion_mask: (B, T). Returns (advantages, returns), (B, T), zero on padding.
+    """
+    m = completion_mask.to(v_t.dtype)
+    done = episode_done(completion_mask).to(v_t.dtype)
+    adv, _ = core.gae_advantages(r_t * m, v_t * m, done, torch.zeros_like(v_t[:, 0]), gamma, lam)
+    adv = adv * m
+    return adv, (adv + v_t) * m
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the entries where mask is 1 (population variance, as
+    TF's ``tf.nn.moments`` in lm-human-preferences and TRL's ``masked_whiten``); zero elsewhere.
+    ``shift_mean=False`` keeps the mean (used for rewards)."""
+    m = mask.to(x.dtype)
+    mean = core.masked_mean(x, m)
+    var = core.masked_mean((x - mean) ** 2, m)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * m
+
+
+def ppo_lm_losses(logps: Tensor, old_logps: Tensor, advantages: Tensor, values: Tensor,
+                  old_values: Tensor, returns: Tensor, mask: Tensor,
+                  cfg: PPOLMConfig) -> tuple[Tensor, dict[str, float]]:
+    """Total loss on one minibatch of tokens, to be minimised: L_clip + vf_coef * L_V.
+
+    L_clip is ``core.ppo_clip_loss`` (token mean over real tokens); L_V is ``ppo.value_loss`` on
+    the real tokens (0.5 * mean max((V - R)^2, (V_clip - R)^2)). All inputs (B, T).
+    """
+    pg_loss, m = core.ppo_clip_loss(logps, old_logps, advantages, mask, clip_eps=cfg.clip_eps)
+    real = mask.bool()
+    v, v_old, ret = values[real], old_values[real], returns[real]  # (N,) real tokens only
+    v_loss = value_loss(v, v_old, ret, cfg.clip_eps_value, clip=cfg.clip_eps_value > 0)
+    loss = pg_loss + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        if cfg.clip_eps_value > 0:
+            v_clip = v_old + torch.clamp(v - v_old, -cfg.clip_eps_value, cfg.clip_eps_value)
+            vf_clipfrac = ((v_clip - ret) ** 2 > (v - ret) ** 2).float().mean().item()
+        else:
+            vf_clipfrac = 0.0
+    return loss, {"pg_loss": pg_loss.item(), "vf_loss": v_loss.item(), "clipfrac": m["clipfrac"],
+                  "approx_kl": m["approx_kl"], "vf_clipfrac": vf_clipfrac}
+
+
+# --- one update ------------------------------------------------------------------------------
+def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, batch: dict,
+               cfg: PPOLMConfig, shuffle: torch.Generator | None = None) -> dict[str, float]:
+    """``num_ppo_epochs`` passes over the batch in ``num_minibatches`` shuffled minibatches.
+
+    batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``logps``
+    (old), ``values`` (old), ``advantages``, ``returns``; (B, P) or (B, T) each.
+    Returns the means over all minibatches of the loss metrics, and the last entropy.
+    """
+    B = batch["completion_ids"].shape[0]
+    mb = B // cfg.num_minibatches
+    pol_params = list(policy.parameters())
+    crit_params = critic_parameters(policy, critic)
+    shared = critic.shares_trunk_with(policy)
+    sums: dict[str, float] = {}
+    n = 0
+    policy.train()
+    critic.train()
+    for _ in range(cfg.num_ppo_epochs):
+        order = torch.randperm(B, generator=shuffle).to(batch["completion_ids"].device)
+        for start in range(0, B, mb):
+            idx = order[start:start + mb]
+            mask = batch["completion_mask"][idx]
+            logps, ents, values = logps_values(
+                policy, critic, batch["prompt_ids"][idx], batch["prompt_mask"][idx],
+                batch["completion_ids"][idx], mask, cfg.temperature)
+            loss, m = ppo_lm_losses(logps, batch["logps"][idx], batch["advantages"][idx], values,
+                                    batch["values"][idx], batch["returns"][idx], mask, cfg)
+            optimizer.zero_grad()
+            loss.backward()
+            if shared:
+                nn.utils.clip_grad_norm_(pol_params + crit_params, cfg.max_grad_norm)
+            else:
+                nn.utils.clip_grad_norm_(pol_params, cfg.max_grad_norm)
+                nn.utils.clip_grad_norm_(crit_params, cfg.max_grad_norm)
+            optimizer.step()
+            m["loss"] = loss.item()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n += 1
+    out = {k: v / n for k, v in sums.items()}
+    out["entropy"] = core.masked_mean(ents.detach(), mask).item()
+    return out
+
+
+def make_optimizer(policy, critic: ValueModel, cfg: PPOLMConfig) -> torch.optim.AdamW:
+    """One AdamW (no weight decay, as grpo.train) with two groups: the policy's parameters at
+    ``lr``, the critic's own at ``critic_lr`` (default ``lr``)."""
+    crit_lr = cfg.lr if cfg.critic_lr is None else cfg.critic_lr
+    return torch.optim.AdamW([{"params": list(policy.parameters()), "lr": cfg.lr},
+                              {"params": critic_parameters(policy, critic), "lr": crit_lr}],
+                             lr=cfg.lr, weight_decay=0.0)
+
+
+# --- the loop --------------------------------------------------------------------------------
+def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg: PPOLMConfig,
+          eval_problems: list[dict] | None = None, eval_reward=None, logger=None,
+          ref_model=None, on_step=None, critic: ValueModel | None = None) -> list[dict]:
+    """The loop: sample prompts, generate, score, values, per-token rewards, GAE, PPO epochs.
+
+    Same interface and rows as ``grpo.train`` (plus ``critic``: a ``ValueModel`` to train, built
+    with ``make_value_model(model, cfg.critic)`` when None). With the same seed, num_prompts and
+    group_size it draws the same prompts and, at the first update, the same samples as
+    ``grpo.train``. ``ref_model`` is needed only when cfg.beta != 0.
+    """
+    from agentrl_lib.rollout import generate, sequence_logps
+
+    if cfg.beta != 0.0 and ref_model is None:
+        raise ValueError("beta != 0 needs ref_model")
+    critic = critic if critic is not None else make_value_model(model, cfg.critic)
+    if critic.shares_trunk_with(model) != (cfg.critic == "shared"):
+        raise ValueError(f"cfg.critic={cfg.critic!r} but the given critic "
+                         f"{'shares' if critic.shares_trunk_with(model) else 'does not share'} "
+                         f"the policy's trunk")
+    rng = random.Random(cfg.seed)
+    gen_rng = torch.Generator().manual_seed(cfg.seed)
+    shuffle = torch.Generator().manual_seed(cfg.seed + 1)
+    opt = make_optimizer(model, critic, cfg)
+    eval_reward = eval_reward or reward_funcs[0]
+    rows = []
+    for it in range(cfg.num_iters + 1):
+        row = {"step": it}
+        if eval_problems is not None and (it % cfg.eval_every == 0 or it == cfg.num_iters):
+            row["eval_acc"] = grpo.evaluate(model, tokenizer, eval_problems, eval_reward,
+                                            cfg.max_new_tokens)
+        if it == cfg.num_iters:
+            rows.append(row)
+            if logger:
+                logger.log(**row)
+            break
+        t0 = time.time()
+        batch_problems = rng.sample(train_problems, cfg.num_prompts)
+        problems = [p for p in batch_problems for _ in range(cfg.group_size)]  # prompt-major
+        model.eval()
+        critic.eval()
+        gen = generate(model, tokenizer, grpo.format_prompts(tokenizer, problems),
+                       cfg.max_new_tokens, temperature=cfg.temperature, generator=gen_rng)
+        t_gen = time.time() - t0
+        scores = grpo.score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B,)
+        mask = gen.completion_mask
+        args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, mask)
+        with torch.no_grad():
+            old_values = rollout_values(critic, *args)  # (B, T)
+            ref_logps = None
+            if cfg.beta != 0.0:
+                ref_logps, _ = sequence_logps(ref_model, *args, temperature=cfg.temperature)
+            r_t = token_rewards(scores, mask, gen.logps, ref_logps, cfg.beta, cfg.kl_estimator)
+            adv, returns = token_gae(r_t, old_values, mask, cfg.gamma, cfg.lam)  # (B, T) each
+            mc_returns = core.discounted_returns(r_t, cfg.gamma, episode_done(mask)) * mask
+            real = mask.bool()
+            ev = explained_variance(old_values[real], returns[real])
+            ev_mc = explained_variance(old_values[real], mc_returns[real])
+            if cfg.whiten_advantages:
+                adv = masked_whiten(adv, mask)
+        batch = {"prompt_ids": gen.prompt_ids, "prompt_mask": gen.prompt_mask,
+                 "completion_ids": gen.completion_ids, "completion_mask": mask,
+                 "logps": gen.logps, "values": old_values, "advantages": adv, "returns": returns}
+        m = ppo_update(model, critic, opt, batch, cfg, shuffle)
+        row.update(reward=scores.mean().item(), completion_len=mask.sum(-1).float().mean().item(),
+                   gen_s=t_gen, explained_var=ev, explained_var_mc=ev_mc,
+                   value_mean=old_values[real].mean().item(),
+                   return_mean=returns[real].mean().item(),
+                   **m)
+        if ref_logps is not None:
+            row["kl"] = core.masked_mean(core.kl_estimate(gen.logps, ref_logps, cfg.kl_estimator),
+                                         mask).item()
+        row["step_s"] = time.time() - t0
+        rows.append(row)
+        if logger:
+            logger.log(**row)
+        if on_step:
+            on_step(row)
+    model.eval()
+    critic.eval()
+    return rows

@@ -1,0 +1,254 @@
+"""PPO for language models (agentrl_lib.algorithms.ppo_lm): token-level GAE with masks by hand,
+reward placement, the value model's shapes and parameter sharing, the losses by hand, one update
+moving both networks, config errors, and the loop's rows against grpo.train's."""
+
+import math
+
+import pytest
+import torch
+
+from agentrl_lib import core
+from agentrl_lib.algorithms import grpo, ppo_lm
+from agentrl_lib.algorithms.ppo_lm import PPOLMConfig
+from agentrl_lib.models.tiny_lm import new_model
+from agentrl_lib.rollout import generate, sequence_logps
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def tiny():
+    model, tok = new_model("tiny-64", seed=0)
+    return model.eval(), tok
+
+
+def chat(tok, texts):
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                    tokenize=False) for t in texts]
+
+
+# --- rewards and GAE by hand -----------------------------------------------------------------
+def test_reward_on_last_real_token():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]])
+    r = ppo_lm.token_rewards(torch.tensor([1.0, 0.5, -1.0, 7.0]), mask)
+    assert r.tolist() == [[0, 1, 0, 0], [0, 0, 0, 0.5], [-1, 0, 0, 0], [0, 0, 0, 0]]
+    # with a KL penalty: -beta * (logp - ref_logp) on real tokens only (k1)
+    logps = torch.full((4, 4), -1.0)
+    ref = torch.full((4, 4), -1.5)
+    r_kl = ppo_lm.token_rewards(torch.tensor([1.0, 0.5, -1.0, 7.0]), mask, logps, ref, beta=0.1)
+    expected = r - 0.1 * 0.5 * mask.float()
+    assert torch.allclose(r_kl, expected)
+    assert r_kl[3].abs().sum() == 0 and r_kl[0, 2:].abs().sum() == 0
+    with pytest.raises(ValueError, match="needs logps and ref_logps"):
+        ppo_lm.token_rewards(torch.ones(4), mask, beta=0.1)
+
+
+def test_token_gae_by_hand_with_masks():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    r = ppo_lm.token_rewards(torch.tensor([1.0, 0.5]), mask)
+    v = torch.tensor([[0.2, 0.5, 9.0], [0.1, 0.2, 0.4]])  # 9.0: a critic's output on padding
+    adv, ret = ppo_lm.token_gae(r, v, mask, gamma=1.0, lam=0.5)
+    # row 0: delta = [0 + 0.5 - 0.2, 1 - 0.5] = [0.3, 0.5]; A_1 = 0.5, A_0 = 0.3 + 0.5 * 0.5
+    # row 1: delta = [0.2 - 0.1, 0.4 - 0.2, 0.5 - 0.4]; A = [0.1 + 0.5 * 0.25, 0.2 + 0.5 * 0.1, 0.1]
+    assert torch.allclose(adv, torch.tensor([[0.55, 0.5, 0.0], [0.225, 0.25, 0.1]]))
+    assert torch.allclose(ret, torch.tensor([[0.75, 1.0, 0.0], [0.325, 0.45, 0.5]]))
+    # nothing after the end leaks: any value on the padding gives the same advantages
+    adv2, _ = ppo_lm.token_gae(r, v * torch.tensor([[1.0, 1.0, -3.0], [1, 1, 1]]), mask, 1.0, 0.5)
+    assert torch.equal(adv, adv2)
+    # lam = 1, gamma = 1: A_t = R - V(s_t), the return from every token is the outcome
+    adv1, ret1 = ppo_lm.token_gae(r, v, mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(adv1, torch.tensor([[0.8, 0.5, 0.0], [0.4, 0.3, 0.1]]))
+    assert torch.allclose(ret1, torch.tensor([[1.0, 1.0, 0.0], [0.5, 0.5, 0.5]]))
+    # lam = 0: the one-step TD error
+    adv0, _ = ppo_lm.token_gae(r, v, mask, gamma=1.0, lam=0.0)
+    assert torch.allclose(adv0, torch.tensor([[0.3, 0.5, 0.0], [0.1, 0.2, 0.1]]))
+
+
+def test_naive_gae_leaks_padding_values():
+    """The bug the masks prevent: GAE over the whole window bootstraps from padding values."""
+    mask = torch.tensor([[1, 1, 0]])
+    r = ppo_lm.token_rewards(torch.tensor([1.0]), mask)
+    v = torch.tensor([[0.2, 0.5, 9.0]])
+    naive, _ = core.gae_advantages(r, v, torch.zeros(1, 3), torch.zeros(1), 1.0, 0.5)
+    ours, _ = ppo_lm.token_gae(r, v, mask, 1.0, 0.5)
+    assert naive[0, 1].item() == pytest.approx(1 + 9.0 - 0.5 - 9.0 * 0.5)  # delta_1 + 0.5 * delta_2
+    assert ours[0, 1].item() == pytest.approx(0.5)
+
+
+def test_masked_whiten():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    w = ppo_lm.masked_whiten(x, mask)
+    real = w[mask.bool()]
+    assert real.mean().abs() < 1e-6 and (real.var(correction=0) - 1).abs() < 1e-5
+    assert w[0, 2] == 0
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert torch.allclose(real, (vals - 3.0) / math.sqrt(2.0), atol=1e-5)
+    kept = ppo_lm.masked_whiten(x, mask, shift_mean=False)[mask.bool()]
+    assert kept.mean().item() == pytest.approx(3.0, abs=1e-5)
+
+
+def test_losses_by_hand():
+    cfg = PPOLMConfig(vf_coef=0.1, clip_eps_value=0.2)
+    mask = torch.tensor([[1, 1, 0]])
+    zeros = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, -1.0, 5.0]])
+    values = torch.tensor([[0.5, 0.0, 3.0]])
+    old_values = torch.tensor([[0.0, 0.0, 0.0]])
+    returns = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, m = ppo_lm.ppo_lm_losses(zeros, zeros, adv, values, old_values, returns, mask, cfg)
+    # ratio 1: L_clip = -mean(A) over real tokens = 0; value token 0: V moved 0.5 > 0.2, clipped to
+    # 0.2, max((0.5-1)^2, (0.2-1)^2) = 0.64; token 1: 1.0; L_V = 0.5 * (0.64 + 1.0) / 2 = 0.41
+    assert m["pg_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert m["vf_loss"] == pytest.approx(0.41)
+    assert loss.item() == pytest.approx(0.041)
+    assert m["vf_clipfrac"] == pytest.approx(0.5)
+    _, m_off = ppo_lm.ppo_lm_losses(zeros, zeros, adv, values, old_values, returns, mask,
+                                    PPOLMConfig(clip_eps_value=0.0))
+    assert m_off["vf_loss"] == pytest.approx(0.5 * (0.25 + 1.0) / 2)
+
+
+# --- the value model ---------------------------------------------------------------------------
+def test_value_model_shapes_and_parameters(tiny):
+    model, tok = tiny
+    n_policy = sum(p.numel() for p in model.parameters())
+    H = model.config.hidden_size
+    sep = ppo_lm.make_value_model(model, "separate")
+    shared = ppo_lm.make_value_model(model, "shared")
+    assert not sep.shares_trunk_with(model) and shared.shares_trunk_with(model)
+    assert sum(p.numel() for p in ppo_lm.critic_parameters(model, shared)) == H + 1
+    n_trunk = sum(p.numel() for p in model.base_model.parameters())
+    assert sum(p.numel() for p in ppo_lm.critic_parameters(model, sep)) == n_trunk + H + 1
+    assert n_trunk == n_policy  # tied embeddings: the LM head owns no parameters of its own
+
+    g = generate(model, tok, chat(tok, ["1+2=", "33*4="]), max_new_tokens=5,
+                 generator=torch.Generator().manual_seed(0))
+    B, T = g.completion_ids.shape
+    args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
+    ref_logps, ref_ents = sequence_logps(model, *args)
+    for critic in (sep, shared):
+        ids = torch.cat([g.prompt_ids, g.completion_ids], 1)
+        attn = torch.cat([g.prompt_mask, g.completion_mask], 1)
+        assert critic(ids, attn, attn.cumsum(-1) - 1).shape == ids.shape  # (B, P+T)
+        torch.nn.init.normal_(critic.head.weight)
+        logps, ents, values = ppo_lm.logps_values(model, critic, *args)
+        assert logps.shape == ents.shape == values.shape == (B, T)
+        assert torch.allclose(logps, ref_logps, atol=1e-5)
+        assert torch.allclose(ents, ref_ents, atol=1e-5)
+        assert (values[g.completion_mask == 0] == 0).all()
+        assert torch.allclose(values, ppo_lm.rollout_values(critic, *args), atol=1e-5)
+        nn_zero = ppo_lm.make_value_model(model, "separate")
+        assert (ppo_lm.rollout_values(nn_zero, *args) == 0).all()  # the head starts at zero
+
+
+def _batch(model, tok, critic, n=4, seed=0):
+    g = generate(model, tok, chat(tok, ["1+2=", "33*4=", "5-7=", "9*9="][:n]), max_new_tokens=4,
+                 generator=torch.Generator().manual_seed(seed))
+    args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
+    values = ppo_lm.rollout_values(critic, *args)
+    r = ppo_lm.token_rewards(torch.tensor([1.0, 0.0, 1.0, 0.0][:n]), g.completion_mask)
+    adv, ret = ppo_lm.token_gae(r, values, g.completion_mask)
+    return {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
+            "completion_ids": g.completion_ids, "completion_mask": g.completion_mask,
+            "logps": g.logps, "values": values,
+            "advantages": ppo_lm.masked_whiten(adv, g.completion_mask),
+            "returns": ret}
+
+
+@pytest.mark.parametrize("kind", ["separate", "shared"])
+def test_one_update_changes_policy_and_value(tiny, kind):
+    model, tok = tiny
+    critic = ppo_lm.make_value_model(model, kind)
+    cfg = PPOLMConfig(critic=kind, num_ppo_epochs=2, num_minibatches=2, num_prompts=4, lr=1e-2)
+    batch = _batch(model, tok, critic)
+    before_pol = [p.detach().clone() for p in model.parameters()]
+    crit_params = ppo_lm.critic_parameters(model, critic)
+    before_crit = [p.detach().clone() for p in crit_params]
+    opt = torch.optim.AdamW(list(model.parameters()) + crit_params, lr=cfg.lr)
+    m = ppo_lm.ppo_update(model, critic, opt, batch, cfg, torch.Generator().manual_seed(0))
+    assert {"loss", "pg_loss", "vf_loss", "clipfrac", "approx_kl", "entropy"} <= set(m)
+    assert any(not torch.equal(a, b) for a, b in zip(before_pol, model.parameters()))
+    assert not torch.equal(before_crit[-2], critic.head.weight)  # the head moved
+    if kind == "separate":
+        # the critic trunk moves too (after the first step: the zero head passes no gradient),
+        # and the policy's parameters are not the critic's
+        assert any(not torch.equal(a, b) for a, b in zip(before_crit[:-2], crit_params[:-2]))
+        assert not any(p is q for p in model.parameters() for q in crit_params)
+
+
+def test_config_errors(tiny):
+    with pytest.raises(ValueError, match="unknown critic"):
+        PPOLMConfig(critic="twin")
+    with pytest.raises(ValueError, match="must divide"):
+        PPOLMConfig(num_prompts=6, num_minibatches=4)
+    for bad in ({"gamma": 1.5}, {"lam": -0.1}, {"beta": -1.0}, {"clip_eps": 0.0},
+                {"num_ppo_epochs": 0}, {"group_size": 0}, {"lr": 0.0}, {"temperature": 0.0}):
+        with pytest.raises(ValueError, match="PPOLMConfig"):
+            PPOLMConfig(**bad)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        PPOLMConfig(kl_estimator="k4")
+    with pytest.raises(ValueError, match="unknown critic"):
+        ppo_lm.make_value_model(tiny[0], "twin")
+    model, tok = tiny
+    probs = [{"prompt": "1+1=", "answer": "2"}]
+    with pytest.raises(ValueError, match="needs ref_model"):
+        ppo_lm.train(model, tok, probs, [lambda c, **k: [0.0] * len(c)],
+                     PPOLMConfig(beta=0.1, num_prompts=1, num_iters=1))
+    with pytest.raises(ValueError, match="shares"):
+        ppo_lm.train(model, tok, probs, [lambda c, **k: [0.0] * len(c)],
+                     PPOLMConfig(num_prompts=1, num_iters=1),
+                     critic=ppo_lm.make_value_model(model, "shared"))
+
+
+# --- the loop ---------------------------------------------------------------------------------
+def odd_length(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+def test_train_rows_match_grpo_interface():
+    problems = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+    panel = problems[:6]
+    runs = {}
+    for name in ("ppo", "grpo"):
+        model, tok = new_model("tiny-64", seed=0)
+        if name == "ppo":
+            cfg = PPOLMConfig(num_prompts=4, group_size=2, num_iters=2, max_new_tokens=4,
+                              num_ppo_epochs=2, eval_every=1, seed=3, critic_lr=1e-2)
+            critic = ppo_lm.make_value_model(model, "separate")
+            runs[name] = ppo_lm.train(model, tok, problems, [odd_length], cfg, eval_problems=panel,
+                                      critic=critic)
+            assert critic.head.weight.abs().sum() > 0  # the loop trains the critic it was given
+        else:
+            cfg = grpo.preset("grpo", num_prompts=4, group_size=2, num_iters=2, max_new_tokens=4,
+                              eval_every=1, seed=3)
+            runs[name] = grpo.train(model, tok, problems, [odd_length], cfg, eval_problems=panel)
+    ppo_rows, grpo_rows = runs["ppo"], runs["grpo"]
+    assert [r["step"] for r in ppo_rows] == [0, 1, 2] and "eval_acc" in ppo_rows[-1]
+    for key in ("reward", "step_s", "gen_s", "completion_len", "eval_acc", "loss", "entropy"):
+        assert key in ppo_rows[0] and key in grpo_rows[0]
+    for key in ("explained_var", "vf_loss", "pg_loss", "value_mean"):
+        assert key in ppo_rows[0]
+    # same seed, prompts and group size: the first batch of samples is the same
+    assert ppo_rows[0]["reward"] == grpo_rows[0]["reward"]
+    assert ppo_rows[0]["completion_len"] == grpo_rows[0]["completion_len"]
+
+
+def test_optimizer_groups(tiny):
+    model, _ = tiny
+    for kind, n_own in (("separate", None), ("shared", model.config.hidden_size + 1)):
+        critic = ppo_lm.make_value_model(model, kind)
+        cfg = PPOLMConfig(critic=kind, lr=1e-4, critic_lr=1e-3)
+        opt = ppo_lm.make_optimizer(model, critic, cfg)
+        pol, crit = opt.param_groups
+        assert (pol["lr"], crit["lr"]) == (1e-4, 1e-3)
+        assert sum(p.numel() for p in pol["params"]) == sum(p.numel() for p in model.parameters())
+        n_crit = sum(p.numel() for p in crit["params"])
+        assert n_crit == (n_own or sum(p.numel() for p in critic.parameters()))
+    opt = ppo_lm.make_optimizer(model, critic, PPOLMConfig(critic="shared", lr=3e-4))
+    assert opt.param_groups[1]["lr"] == 3e-4  # critic_lr None: the policy's rate
