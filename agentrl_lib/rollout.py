@@ -69,7 +69,14 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
         if greedy:
             tok = logp_all.argmax(-1)
         else:
-            tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+            probs = logp_all.exp()
+            if generator is not None and generator.device != probs.device:
+                # a CPU generator with a CUDA model: sample where the generator lives (seeded
+                # sampling stays reproducible); the CPU path below is the common one
+                tok = torch.multinomial(probs.to(generator.device), 1, generator=generator)
+                tok = tok.squeeze(-1).to(device)
+            else:
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         ids.append(tok)
         logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))

@@ -233,11 +233,12 @@ def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg:
         gen = generate(model, tokenizer, format_prompts(tokenizer, problems), cfg.max_new_tokens,
                        temperature=cfg.temperature, generator=gen_rng)
         t_gen = time.time() - t0
-        rewards = score(reward_funcs, gen.texts, problems)  # (B*G,)
+        device = gen.logps.device  # rewards and advantages live with the model (CPU or CUDA)
+        rewards = score(reward_funcs, gen.texts, problems).to(device)  # (B*G,)
         lengths = gen.completion_mask.sum(-1)
         if cfg.overlong_buffer > 0:
             rewards = rewards + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
-                                                 cfg.overlong_penalty)
+                                                 cfg.overlong_penalty).to(device)
         adv = compute_advantages(rewards.view(cfg.num_prompts, cfg.group_size), cfg).reshape(-1)
         keep = torch.ones_like(rewards, dtype=torch.bool)
         if cfg.overlong_filter:
