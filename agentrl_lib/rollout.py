@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -114,3 +115,108 @@ def sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_id
     ents = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
     m = completion_mask.to(logps.dtype)
     return logps * m, ents * m
+
+
+# --- multi-turn episodes --------------------------------------------------------------------------
+# One record for every multi-turn policy, from a table to an LM. Index t is the turn. Turn-level
+# fields are always filled; the token-level fields only by LM rollouts (``lm_rollout``), where the
+# whole conversation after the first prompt is one token sequence and ``loss_mask`` is 1 exactly on
+# the tokens the agent generated (never on environment observations or chat-template tokens).
+
+
+@dataclass
+class Episode:
+    observations: list  # o_t: the text the agent saw before acting at turn t, (T,)
+    actions: list  # a_t as text, (T,)
+    rewards: list  # r_t, the reward of the step (T,)
+    state_keys: list  # hashable true state in which a_t was taken (T,): anchor states, oracles
+    valid: list  # whether a_t parsed to a legal action (T,)
+    infos: list  # the environment's info dict after each step (T,)
+    group_id: int = 0  # episodes of one group start from the same seed/task
+    task: object = None  # the task's ground truth (env.task after reset)
+    final_observation: str = ""
+    next_state_key: object = None  # state key after the last step
+    truncated: bool = False  # ended by the turn cap rather than by the task
+    action_ids: list | None = None  # index into env.actions, for symbolic policies
+    # token level (LM rollouts); positions index ``token_ids``
+    prompt_ids: list | None = None  # the first prompt (system + o_0), not trained on
+    token_ids: list | None = None  # agent turns and observations after the first prompt (N,)
+    loss_mask: list | None = None  # 1 on agent-generated tokens, 0 on environment tokens (N,)
+    logps: list | None = None  # sampling log-prob of each agent token, 0 elsewhere (N,)
+    turn_spans: list | None = None  # [start, end) of turn t's action tokens in token_ids (T,)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @property
+    def ret(self) -> float:
+        """Undiscounted return sum_t r_t."""
+        return float(sum(self.rewards))
+
+    @property
+    def success(self) -> bool:
+        return bool(self.infos and self.infos[-1].get("success", False))
+
+
+def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
+                  max_turns: int | None = None) -> list[Episode]:
+    """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped
+    together. Group i is ``group_size`` episodes reset with ``seeds[i]`` (same task, same start);
+    their sampling differs only through ``policy``.
+
+    make_env: () -> env following the multi-turn protocol (``reset(seed)``, ``step(text)``).
+    policy: (envs, observations) -> list of actions for the still-running envs, each either an
+        index into ``env.actions`` or free text.
+    """
+    envs, episodes = [], []
+    for gid, seed in enumerate(seeds):
+        for _ in range(group_size):
+            env = make_env()
+            obs = env.reset(seed=int(seed))
+            envs.append(env)
+            episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
+                                    task=getattr(env, "task", None), action_ids=[]))
+    running = list(range(len(envs)))
+    turn = 0
+    while running and (max_turns is None or turn < max_turns):
+        acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
+        still = []
+        for i, a in zip(running, acts):
+            ep, env = episodes[i], envs[i]
+            if isinstance(a, (int, np.integer)):
+                ep.action_ids.append(int(a))
+                a = env.actions[int(a)]
+            else:
+                ep.action_ids.append(None)
+            obs, r, done, info = env.step(a)
+            ep.actions.append(a)
+            ep.rewards.append(float(r))
+            ep.valid.append(bool(info["valid"]))
+            ep.infos.append(info)
+            if done:
+                ep.final_observation, ep.next_state_key = obs, info["state_key"]
+                ep.truncated = bool(info.get("truncated", False))
+            else:
+                ep.observations.append(obs)
+                ep.state_keys.append(info["state_key"])
+                still.append(i)
+        running, turn = still, turn + 1
+    for i in running:  # stopped by max_turns here, not by the environment
+        ep = episodes[i]
+        ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
+        ep.truncated = True
+    return episodes
+
+
+def tabular_agent(probs, index, generator: np.random.Generator | None = None):
+    """A policy for ``play_episodes`` from a table: ``probs[index(env)]`` is the action
+    distribution (over ``env.actions``) in env's current state.
+
+    probs: (S, A) array or tensor; index: env -> row (e.g. ``lambda e: e.state_index()``).
+    """
+    rng = generator if generator is not None else np.random.default_rng()
+    table = np.asarray(probs.detach().cpu() if hasattr(probs, "detach") else probs, dtype=float)
+
+    def act(envs, observations):
+        return [int(rng.choice(table.shape[1], p=table[index(e)])) for e in envs]
+    return act

@@ -1,0 +1,142 @@
+"""Turn-level credit assignment for multi-turn agents: advantage estimators over ``Episode`` records.
+
+Every estimator maps a batch of episodes (``agentrl_lib.rollout.Episode``) to one advantage per
+turn, as a list of float64 arrays (one per episode, shape (T_i,)). ``to_token_advantages`` then
+spreads turn advantages over the tokens of each turn's action for an LM update.
+
+- ``grpo_broadcast``: the trajectory-level GRPO advantage of the episode's return, normalised in
+  its group and copied to every turn (what single-turn GRPO does when applied to agents).
+- ``gigpo_advantages``: GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
+  Agent Training", arXiv:2505.10978): the episode-level advantage plus ``omega`` times a step-level
+  advantage computed in *anchor-state groups*, i.e. all turns of a group's episodes that act from
+  the same state, each scored by its discounted return-to-go. Taken from the paper: A = A^E +
+  omega * A^S, gamma = 0.95, omega = 1, normalisation by the group std or by 1 ("mean_norm").
+  Inferred: a singleton anchor group gets A^S = 0 and std uses ddof=1 (as the episode groups).
+- ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
+  ``archer.py``, SPA-RL's progress model in ``spa.py``).
+
+The estimators are pure functions of the record and their arguments.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from agentrl_lib.core import gae_advantages
+
+
+def returns_to_go(rewards, gamma: float) -> np.ndarray:
+    """G_t = sum_k gamma^k r_{t+k} for one episode; (T,) -> (T,).
+
+    >>> returns_to_go([0.0, 0.0, 1.0], 0.5).tolist()
+    [0.25, 0.5, 1.0]
+    """
+    out = np.zeros(len(rewards))
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def _normalise(values: np.ndarray, scale: bool, ddof: int, eps: float) -> np.ndarray:
+    """(x - mean) / (std + eps) within one group; all zeros for a group of one."""
+    if len(values) < 2:
+        return np.zeros(len(values))
+    centred = values - values.mean()
+    return centred / (values.std(ddof=ddof) + eps) if scale else centred
+
+
+def episode_advantages(episodes, gamma: float = 1.0, scale: bool = True, ddof: int = 1,
+                       eps: float = 1e-4) -> np.ndarray:
+    """A^E_i: each episode's discounted return normalised within its group; (num_episodes,)."""
+    rets = np.array([returns_to_go(ep.rewards, gamma)[0] if len(ep) else 0.0 for ep in episodes])
+    groups = defaultdict(list)
+    for i, ep in enumerate(episodes):
+        groups[ep.group_id].append(i)
+    adv = np.zeros(len(episodes))
+    for idx in groups.values():
+        adv[idx] = _normalise(rets[idx], scale, ddof, eps)
+    return adv
+
+
+def grpo_broadcast(episodes, gamma: float = 1.0, scale: bool = True, ddof: int = 1,
+                   eps: float = 1e-4) -> list[np.ndarray]:
+    """Trajectory-level GRPO: every turn of episode i gets A^E_i."""
+    adv = episode_advantages(episodes, gamma, scale, ddof, eps)
+    return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
+
+
+def anchor_groups(episodes, key=None) -> dict:
+    """{(group_id, anchor key): [(episode index, turn), ...]}: the turns of one group's episodes
+    that act from the same state. ``key(ep, t)`` defaults to ``ep.state_keys[t]``; pass e.g.
+    ``lambda ep, t: ep.observations[t]`` to group by observation text, as the paper does."""
+    key = key or (lambda ep, t: ep.state_keys[t])
+    groups = defaultdict(list)
+    for i, ep in enumerate(episodes):
+        for t in range(len(ep)):
+            groups[(ep.group_id, key(ep, t))].append((i, t))
+    return dict(groups)
+
+
+def step_advantages(episodes, gamma: float = 0.95, scale: bool = True, ddof: int = 1,
+                    eps: float = 1e-4, key=None) -> list[np.ndarray]:
+    """A^S: each turn's discounted return-to-go normalised within its anchor-state group."""
+    rtg = [returns_to_go(ep.rewards, gamma) for ep in episodes]
+    adv = [np.zeros(len(ep)) for ep in episodes]
+    for members in anchor_groups(episodes, key).values():
+        values = np.array([rtg[i][t] for i, t in members])
+        for (i, t), a in zip(members, _normalise(values, scale, ddof, eps)):
+            adv[i][t] = a
+    return adv
+
+
+def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, scale: bool = True,
+                     ddof: int = 1, eps: float = 1e-4, key=None) -> list[np.ndarray]:
+    """GiGPO: A_t = A^E + omega * A^S_t. The episode term uses the undiscounted return (the
+    paper's R(tau)); the step term the discounted return-to-go with ``gamma``."""
+    a_e = episode_advantages(episodes, 1.0, scale, ddof, eps)
+    a_s = step_advantages(episodes, gamma, scale, ddof, eps, key)
+    return [a + omega * s for a, s in zip(a_e, a_s)]
+
+
+def turn_gae(episodes, values, gamma: float = 0.95, lam: float = 0.95,
+             last_values=None) -> list[np.ndarray]:
+    """GAE over turns: delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = sum (gamma lam)^k delta_{t+k}.
+
+    values: per episode, V(s_t) for each turn, (T_i,). last_values: per episode, V of the state
+    after the last turn when the episode was truncated (ignored when it terminated); default 0.
+    """
+    out = []
+    for i, (ep, v) in enumerate(zip(episodes, values)):
+        T = len(ep)
+        if T == 0:
+            out.append(np.zeros(0))
+            continue
+        r = torch.tensor(ep.rewards, dtype=torch.float64)[None]  # (1, T)
+        v_t = torch.as_tensor(np.asarray(v, dtype=np.float64))[None]  # (1, T)
+        done = torch.zeros(1, T, dtype=torch.float64)
+        v_last = 0.0 if last_values is None else float(last_values[i])
+        if not ep.truncated:
+            done[0, -1] = 1.0
+        adv, _ = gae_advantages(r, v_t, done, torch.tensor([v_last], dtype=torch.float64),
+                                gamma, lam)
+        out.append(adv[0].numpy())
+    return out
+
+
+def to_token_advantages(episodes, turn_advantages) -> list[torch.Tensor]:
+    """Spread turn advantages over each turn's action tokens: (N_i,) per episode, 0 on
+    environment tokens. Needs LM episodes (``turn_spans``)."""
+    out = []
+    for ep, adv in zip(episodes, turn_advantages):
+        if ep.turn_spans is None:
+            raise ValueError("to_token_advantages needs token-level episodes (turn_spans is None)")
+        tok = torch.zeros(len(ep.token_ids))
+        for (start, end), a in zip(ep.turn_spans, adv):
+            tok[start:end] = float(a)
+        out.append(tok)
+    return out

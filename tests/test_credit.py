@@ -1,0 +1,94 @@
+"""Multi-turn episodes and the turn-level advantage estimators, against hand-computed numbers."""
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl_lib.algorithms import credit
+from agentrl_lib.core import grpo_advantages
+from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.rollout import Episode, play_episodes, tabular_agent
+
+
+def ep(keys, rewards, gid=0, truncated=False):
+    n = len(rewards)
+    return Episode(["o"] * n, ["a"] * n, list(rewards), list(keys), [True] * n, [{}] * n,
+                   group_id=gid, truncated=truncated)
+
+
+def test_play_episodes_record_is_consistent():
+    env_fn = lambda: GridAgentEnv(max_turns=6)  # noqa: E731
+    uniform = tabular_agent(np.full((16, 4), 0.25), lambda e: e.state_index(),
+                            np.random.default_rng(0))
+    eps = play_episodes(env_fn, uniform, seeds=[3, 4], group_size=5)
+    assert len(eps) == 10 and [e.group_id for e in eps] == [0] * 5 + [1] * 5
+    for e in eps:
+        T = len(e)
+        assert 1 <= T <= 6
+        assert len(e.observations) == len(e.rewards) == len(e.state_keys) == len(e.valid) == T
+        assert e.state_keys[0][1] == e.task[1]  # the key holds the goal
+        assert e.success == (e.next_state_key[0] == e.task[1])
+        assert e.truncated == (not e.success)
+        assert e.ret == (1.0 if e.success else 0.0)
+    # a group shares its task
+    assert len({e.task for e in eps[:5]}) == 1
+    # max_turns cuts episodes in play_episodes itself, keeping the record aligned
+    short = play_episodes(env_fn, uniform, seeds=[3], group_size=4, max_turns=2)
+    assert all(len(e) <= 2 and len(e.state_keys) == len(e) for e in short)
+
+
+def test_grpo_broadcast_equals_core_grpo():
+    rewards = [[1.0], [0.0, 0.0], [0.0, 1.0], [0.0]]
+    eps = [ep(range(len(r)), r) for r in rewards]
+    adv = credit.grpo_broadcast(eps)
+    ref = grpo_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0]]))[0].numpy()
+    for a, e, r in zip(adv, eps, ref):
+        assert a.shape == (len(e),) and np.allclose(a, r)
+
+
+def test_gigpo_step_groups_by_hand():
+    # group 0: two episodes both visit state "s" at turn 0; ep0 then succeeds, ep1 fails later
+    e0 = ep(["s", "x"], [0.0, 1.0])
+    e1 = ep(["s", "y", "z"], [0.0, 0.0, 0.0])
+    e2 = ep(["s"], [1.0], gid=1)  # another group: never mixed with group 0
+    gamma = 0.5
+    a_s = credit.step_advantages([e0, e1, e2], gamma=gamma, scale=False)
+    # anchor "s" in group 0: returns-to-go 0.5 (ep0) and 0 (ep1) -> +-0.25; singletons get 0
+    assert np.allclose(a_s[0], [0.25, 0.0]) and np.allclose(a_s[1], [-0.25, 0.0, 0.0])
+    assert np.allclose(a_s[2], [0.0])
+    a = credit.gigpo_advantages([e0, e1, e2], gamma=gamma, omega=2.0, scale=False)
+    assert np.allclose(a[0], 0.5 + 2 * np.array([0.25, 0.0]))
+    assert np.allclose(a[1], -0.5 + 2 * np.array([-0.25, 0.0, 0.0]))
+    assert np.allclose(a[2], [0.0])  # one-episode group: no episode signal
+    # scaled: std (ddof=1) of (0.5, 0) is 0.3536
+    a_s = credit.step_advantages([e0, e1], gamma=gamma)
+    assert a_s[0][0] == pytest.approx(0.25 / (np.std([0.5, 0.0], ddof=1) + 1e-4))
+
+
+def test_gigpo_with_all_distinct_states_is_grpo():
+    eps = [ep([(i, t) for t in range(3)], [0, 0, float(i % 2)]) for i in range(4)]
+    for a, b in zip(credit.gigpo_advantages(eps), credit.grpo_broadcast(eps)):
+        assert np.allclose(a, b)
+
+
+def test_turn_gae_by_hand():
+    e = ep(["a", "b"], [0.0, 1.0])
+    v = [0.5, 0.8]
+    gamma, lam = 0.9, 0.5
+    d1 = 1.0 - 0.8  # terminal: no bootstrap
+    d0 = 0.0 + gamma * 0.8 - 0.5
+    (adv,) = credit.turn_gae([e], [v], gamma, lam)
+    assert np.allclose(adv, [d0 + gamma * lam * d1, d1])
+    # truncated: bootstrap from last_values
+    e.truncated = True
+    (adv,) = credit.turn_gae([e], [v], gamma, 1.0, last_values=[2.0])
+    assert adv[1] == pytest.approx(1.0 + gamma * 2.0 - 0.8)
+
+
+def test_to_token_advantages():
+    e = ep(["a", "b"], [0.0, 1.0])
+    e.token_ids, e.turn_spans = list(range(8)), [(0, 2), (5, 7)]
+    (tok,) = credit.to_token_advantages([e], [np.array([1.5, -1.0])])
+    assert tok.tolist() == [1.5, 1.5, 0, 0, 0, -1.0, -1.0, 0]
+    with pytest.raises(ValueError, match="turn_spans"):
+        credit.to_token_advantages([ep(["a"], [1.0])], [np.array([1.0])])
