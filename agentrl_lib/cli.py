@@ -2,6 +2,7 @@
 
     agentrl list [--markdown]
     agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
+    agentrl reproduce NOTEBOOK --profile P --seeds 0-4 [--grid FILE] [--jobs N] [--backend local|ray]
     agentrl report [--runs runs] [--out report]
     agentrl cache [NAME ...]          build the cached SFT base models (agentrl-sft/<name>)
 
@@ -77,6 +78,36 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_reproduce(args) -> int:
+    from agentrl_lib.pipeline.sweep import load_grid, parse_seeds, plan, run_sweep
+
+    root = repo_root()
+    names = args.notebook
+    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
+    infos = [load_notebook(p, root) for p in paths]
+    seeds = parse_seeds(args.seeds)
+    runs_root = Path(args.runs) if args.runs else root / "runs"
+    points = []
+    for info in infos:  # every point of every notebook is checked before the first one runs
+        grid_path = args.grid
+        if grid_path is None and args.grid_default:
+            grid_path = root / "reproductions" / info.name / "grid.yaml"
+        grid = load_grid(grid_path, info) if grid_path else None
+        points += plan(info, args.profile, seeds, grid, args.param, runs_root)
+    if args.dry_run:
+        for p in points:
+            print(f"{p.label} -> {p.run_dir}")
+        return 0
+    out = run_sweep(points, jobs=args.jobs, backend=args.backend, address=args.address,
+                    cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run)
+    print(f"\n{len(out['ok'])} ran ok, {len(out['skipped'])} were already complete, "
+          f"{len(out['failed'])} failed")
+    for p, res in out["failed"]:
+        print(f"  failed: {p.label}: {res['error']}\n          executed notebook: "
+              f"{Path(p.run_dir) / (p.notebook + '.ipynb')}")
+    return 1 if out["failed"] else 0
+
+
 def cmd_report(args) -> int:
     from agentrl_lib.pipeline.report import build_report
 
@@ -135,6 +166,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
                    help="fail a run whose cell runs longer than S seconds (0: no limit)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("reproduce", help="sweep notebooks over seeds (and a grid), in parallel, "
+                       "resumable: a second call runs only what is missing")
+    p.add_argument("notebook", nargs="+", help="notebook stem, unique prefix, or 'all'")
+    p.add_argument("--profile", default="cpu", choices=PROFILES)
+    p.add_argument("--seeds", default="0-2", help="e.g. 0-4 or 0,1,2 (default 0-2)")
+    p.add_argument("--grid", help="YAML grid of parameter values (see pipeline/sweep.py)")
+    p.add_argument("--grid-default", action="store_true",
+                   help="use reproductions/<notebook>/grid.yaml of each notebook")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   default=[], help="override one parameter for every point")
+    p.add_argument("--jobs", type=int, help="points at a time (default: the CPU count)")
+    p.add_argument("--backend", default="local", choices=("local", "ray"))
+    p.add_argument("--address", help="ray: cluster address ('auto' joins a running cluster; "
+                   "default: start a local Ray instance)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0,
+                   help="ray: GPUs reserved by each point (e.g. 1, or 0.5 to pack two)")
+    p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
+    p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
+                   help="fail a point whose cell runs longer than S seconds (0: no limit)")
+    p.add_argument("--dry-run", action="store_true", help="list the points and their folders")
+    p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
     p.add_argument("--out", help="output folder (default: <repo>/report)")

@@ -188,9 +188,10 @@ def load_notebook(path: Path, root: Path) -> NotebookInfo:
 
 
 def resolve_params(info: NotebookInfo, profile: str, seed: int,
-                   cli: list[tuple[str, str]] | None = None) -> dict:
-    """ci defaults, then the profile's overrides, then ``-p`` values; ``seed`` and ``profile``
-    are set last. Every name and type is checked."""
+                   cli: list[tuple[str, str]] | None = None, overrides: dict | None = None) -> dict:
+    """ci defaults, then the profile's overrides, then a grid point's ``overrides`` (typed
+    values), then ``-p`` values (text); ``seed`` and ``profile`` are set last. Every name and type
+    is checked."""
     if profile not in PROFILES:
         raise PipelineError(f"unknown profile {profile!r}; expected one of {PROFILES}")
     if profile not in info.profiles:
@@ -198,6 +199,7 @@ def resolve_params(info: NotebookInfo, profile: str, seed: int,
                             f"{', '.join(info.profiles)}")
     params = {k: p.default for k, p in info.params.items()}
     params.update(info.profiles[profile])
+    params.update(validate_overrides(overrides or {}, info.params, f"{info.name} grid point"))
     for name, text in cli or []:
         if name not in info.params:
             raise PipelineError(f"unknown parameter {name!r} for {info.name}; it declares: "

@@ -153,6 +153,7 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
         "title": meta.get("title"),
         "paper": {"title": meta.get("paper"), "url": meta.get("url")},
         "profile": params.get("profile", "ci"),
+        "point": os.environ.get("AGENTRL_POINT", ""),  # the sweep's grid point ("" if none)
         "seed": seed,
         "params": params,
         "metrics": metrics,

@@ -40,26 +40,32 @@ def run_dir_for(runs_root: Path, profile: str, notebook: str, seed: int) -> Path
 
 def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
             runs_root: Path | str = "runs", progress: bool = True,
-            cell_timeout: int | None = 3600) -> RunOutcome:
+            cell_timeout: int | None = 3600, run_dir: Path | None = None,
+            overrides: dict | None = None) -> RunOutcome:
     """Run one notebook for one seed. Parameter errors raise before anything runs; an error inside
     the notebook is caught and returned in the outcome (with the cell that raised it).
     ``cell_timeout`` (seconds per cell) turns a hung cell into a failed run instead of a wait
     without end."""
     import papermill as pm
 
-    params = resolve_params(info, profile, seed, cli_params)
-    out_dir = run_dir_for(Path(runs_root), profile, info.name, seed).resolve()
+    from agentrl_lib.pipeline.sweep import point_tag
+
+    params = resolve_params(info, profile, seed, cli_params, overrides)
+    out_dir = Path(run_dir or run_dir_for(Path(runs_root), profile, info.name, seed)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = out_dir / "results.json"
     if stale.exists():
         os.replace(stale, out_dir / "results.previous.json")
+    # run.json is the mark of a finished run: gone until this run finishes
+    (out_dir / "run.json").unlink(missing_ok=True)
     # what an earlier run of this directory left must not mix with this run's output
     (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     shutil.rmtree(out_dir / "figures", ignore_errors=True)
     (out_dir / "params.json").write_text(json.dumps(params, indent=2))
 
     env_backup = {k: os.environ.get(k) for k in ("AGENTRL_RUN_DIR", "AGENTRL_NOTEBOOK",
-                                                 "AGENTRL_HEADLESS")}
+                                                 "AGENTRL_HEADLESS", "AGENTRL_POINT")}
+    os.environ["AGENTRL_POINT"] = point_tag(overrides or {})
     os.environ["AGENTRL_RUN_DIR"] = str(out_dir)
     os.environ["AGENTRL_NOTEBOOK"] = str(info.path.resolve())
     os.environ["AGENTRL_HEADLESS"] = "1"  # no widgets: nobody is looking (plotting.interactive_view)
@@ -87,8 +93,10 @@ def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
     if not error and not ok:
         error = "the notebook finished without writing results.json"
     outcome = RunOutcome(info.name, profile, seed, out_dir, ok, wall, error, cell)
-    (out_dir / "run.json").write_text(json.dumps(
+    tmp = out_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(
         {"ok": ok, "wall_s": round(wall, 2), "error": error, "failed_cell": cell,
          "executed_notebook": f"{info.name}.ipynb", "finished": time.strftime("%Y-%m-%dT%H:%M:%S")},
         indent=2))
+    os.replace(tmp, out_dir / "run.json")
     return outcome

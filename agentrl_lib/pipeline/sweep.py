@@ -1,0 +1,228 @@
+"""Sweeps: one notebook over seeds and the points of a parameter grid, in parallel, resumable.
+
+    agentrl reproduce 31_gigpo --profile cpu --seeds 0-4 [--grid reproductions/31_gigpo/grid.yaml]
+
+A *point* is one (grid values, seed) pair; it runs in ``runs/<profile>/<notebook>/seed<S>`` when
+the sweep has no grid and in ``runs/<profile>/<notebook>/<tag>/seed<S>`` otherwise (tag =
+``name=value`` pairs of the grid point). A point is *complete* when its ``run.json`` says ok, its
+``results.json`` exists and its ``params.json`` equals the parameters it would run with now; a
+second call of the same sweep runs only what is not complete. ``results.json`` is written by
+renaming a temp file and ``run.json`` only after the notebook ends, and ``execute`` removes both
+before it starts, so a killed run leaves nothing that looks finished.
+
+A grid file (YAML) is either a mapping of parameter -> list of values (the Cartesian product) or
+``{points: [{name: value, ...}, ...]}`` (listed points). Names and types are checked against the
+notebook before anything runs.
+
+Backends: ``local`` (a process pool, ``jobs`` at a time; default: the CPU count) and ``ray``
+(each point a Ray task; ``address=None`` starts a local Ray instance, ``address='auto'`` joins a
+running cluster). A failing point is reported with its cell and error; the others go on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from agentrl_lib.pipeline.notebooks import (
+    NotebookInfo, PipelineError, resolve_params, validate_overrides,
+)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,2,7' -> [0, 2, 7]; '3' -> [3]; ranges and lists mix.
+
+    >>> parse_seeds("0-2,5")
+    [0, 1, 2, 5]
+    """
+    seeds: list[int] = []
+    for part in str(text).replace(" ", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise PipelineError(f"bad --seeds {text!r}: use e.g. 0-4 or 0,1,2")
+        lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi < lo:
+            raise PipelineError(f"bad --seeds {text!r}: range {part} runs backwards")
+        seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+    return seeds
+
+
+def load_grid(path: Path | str, info: NotebookInfo) -> list[dict]:
+    """The grid's points as override dicts, each checked against the notebook's parameters."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"grid file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: a grid is a mapping name -> [values] or {{points: [...]}}")
+    if "points" in data:
+        points = data["points"]
+        if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+            raise PipelineError(f"{path}: 'points' must be a list of name: value mappings")
+    else:
+        for k, v in data.items():
+            if not isinstance(v, list) or not v:
+                raise PipelineError(f"{path}: grid values of {k!r} must be a non-empty list")
+        names = list(data)
+        points = [dict(zip(names, combo)) for combo in itertools.product(*data.values())]
+    for p in points:
+        for reserved in ("seed", "profile"):
+            if reserved in p:
+                raise PipelineError(f"{path}: {reserved!r} is set by the sweep, not the grid")
+    return [validate_overrides(p, info.params, str(path)) for p in points]
+
+
+def point_tag(overrides: dict) -> str:
+    """Folder name of a grid point: 'lr=0.1,estimator=gigpo' (sorted, filesystem-safe)."""
+    if not overrides:
+        return ""
+    text = ",".join(f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"
+                    for k, v in sorted(overrides.items()))
+    text = re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
+    if len(text) > 100:
+        import hashlib
+
+        text = text[:80] + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
+    return text
+
+
+@dataclass
+class Point:
+    notebook: str
+    path: str  # the notebook file
+    profile: str
+    seed: int
+    overrides: dict = field(default_factory=dict)  # the grid point's values
+    cli: list = field(default_factory=list)  # -p NAME VALUE pairs (text)
+    params: dict = field(default_factory=dict)  # the resolved parameters
+    run_dir: str = ""
+
+    @property
+    def label(self) -> str:
+        tag = point_tag(self.overrides)
+        return f"{self.notebook} [{self.profile}{', ' + tag if tag else ''}, seed {self.seed}]"
+
+
+def plan(info: NotebookInfo, profile: str, seeds: list[int], grid: list[dict] | None = None,
+         cli: list | None = None, runs_root: Path | str = "runs") -> list[Point]:
+    """Every point of the sweep with its resolved parameters (errors raise here, before any run)."""
+    points = []
+    for overrides in grid or [{}]:
+        for s in seeds:
+            params = resolve_params(info, profile, s, cli, overrides)
+            base = Path(runs_root) / profile / info.name
+            tag = point_tag(overrides)
+            d = (base / tag if tag else base) / f"seed{s}"
+            points.append(Point(info.name, str(info.path), profile, int(s), dict(overrides),
+                                list(cli or []), params, str(d.resolve())))
+    return points
+
+
+def is_complete(point: Point) -> bool:
+    d = Path(point.run_dir)
+    try:
+        run = json.loads((d / "run.json").read_text())
+        params = json.loads((d / "params.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    same = json.loads(json.dumps(point.params)) == params
+    return bool(run.get("ok")) and (d / "results.json").is_file() and same
+
+
+def run_point(point: Point, cell_timeout: int | None = 3600) -> dict:
+    """Execute one point (in a worker process or a Ray task); never raises for a notebook error."""
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+    from agentrl_lib.pipeline.run import execute
+
+    path = Path(point.path)
+    info = load_notebook(path, repo_root(path.parent))
+    try:
+        out = execute(info, point.profile, point.seed, point.cli, run_dir=Path(point.run_dir),
+                      progress=False, cell_timeout=cell_timeout, overrides=point.overrides)
+    except Exception as e:  # papermill/kernel trouble outside the notebook's own cells
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "wall_s": 0.0,
+                "failed_cell": None}
+    return {"ok": out.ok, "error": out.error, "wall_s": out.wall_s, "failed_cell": out.failed_cell}
+
+
+def _ray_available():
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise PipelineError("--backend ray needs the ray package: pip install 'ray[default]'") from None
+
+
+def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
+              address: str | None = None, cell_timeout: int | None = 3600,
+              gpus_per_run: float = 0.0, echo=print) -> dict:
+    """Run every incomplete point; returns {'skipped': [...], 'ok': [...], 'failed': [(point,
+    outcome)]}. One line per finished point, with the sweep's running totals."""
+    todo = [p for p in points if not is_complete(p)]
+    skipped = [p for p in points if p not in todo]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
+    echo(f"sweep: {len(points)} points, {len(skipped)} already complete, {len(todo)} to run "
+         f"({backend}, {jobs} at a time)")
+    ok, failed = [], []
+    t0 = time.time()
+
+    def report(p: Point, res: dict) -> None:
+        (ok if res["ok"] else failed).append((p, res))
+        done = len(ok) + len(failed)
+        status = "ok" if res["ok"] else f"FAILED: {res['error']}"
+        eta = (time.time() - t0) / done * (len(todo) - done)
+        echo(f"[{done}/{len(todo)}] {p.label} {status} ({res['wall_s']:.1f} s) | "
+             f"ok {len(ok)}, failed {len(failed)}, eta {eta:.0f} s")
+
+    if not todo:
+        pass
+    elif backend == "local":
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(run_point, p, cell_timeout): p for p in todo}
+            try:
+                for fut in as_completed(futures):
+                    p = futures[fut]
+                    try:
+                        res = fut.result()
+                    except Exception as e:  # a worker that died (killed, out of memory)
+                        res = {"ok": False, "error": f"worker died: {type(e).__name__}: {e}",
+                               "wall_s": 0.0, "failed_cell": None}
+                    report(p, res)
+            except KeyboardInterrupt:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    elif backend == "ray":
+        _ray_available()
+        import ray
+
+        started_here = not ray.is_initialized()
+        if started_here:
+            kw = {"address": address} if address else {"num_cpus": jobs}
+            ray.init(include_dashboard=False, log_to_driver=False, **kw)
+        try:
+            task = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_point)
+            refs = {task.remote(p, cell_timeout): p for p in todo}
+            pending = list(refs)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                try:
+                    res = ray.get(ready[0])
+                except Exception as e:  # a task or node that died
+                    res = {"ok": False, "error": f"ray task failed: {type(e).__name__}: {e}",
+                           "wall_s": 0.0, "failed_cell": None}
+                report(refs[ready[0]], res)
+        finally:
+            if started_here:
+                ray.shutdown()
+    else:
+        raise PipelineError(f"unknown backend {backend!r}; expected 'local' or 'ray'")
+    return {"skipped": skipped, "ok": [p for p, _ in ok], "failed": failed}

@@ -1,0 +1,129 @@
+"""Sweeps: seeds x grid points, parallel, resumable, safe to kill, failures isolated, Ray."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl_lib import cli
+from agentrl_lib.pipeline import notebooks as nbs
+from agentrl_lib.pipeline import sweep
+from test_pipeline import make_repo
+
+
+def toy_info(root):
+    return nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+
+
+def test_parse_seeds():
+    assert sweep.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert sweep.parse_seeds("3") == [3]
+    assert sweep.parse_seeds("0-1,1,7") == [0, 1, 7]
+    for bad in ("a", "4-2", "1-", ""):
+        with pytest.raises(nbs.PipelineError, match="seeds"):
+            sweep.parse_seeds(bad)
+
+
+def test_grid_product_points_and_errors(tmp_path):
+    root = make_repo(tmp_path)
+    info = toy_info(root)
+    g = tmp_path / "g.yaml"
+    g.write_text("lr: [0.1, 0.2]\nsteps: [1, 2, 3]\n")
+    points = sweep.load_grid(g, info)
+    assert len(points) == 6 and {"lr": 0.2, "steps": 3} in points
+    g.write_text("points:\n  - {lr: 0.5}\n  - {steps: 9, tags: [x, y]}\n")
+    assert sweep.load_grid(g, info) == [{"lr": 0.5}, {"steps": 9, "tags": ["x", "y"]}]
+    for text, match in [("nope: [1]\n", "unknown parameter 'nope'"),
+                        ("steps: [1.5]\n", "steps"), ("lr: 0.1\n", "non-empty list"),
+                        ("seed: [1, 2]\n", "set by the sweep")]:
+        g.write_text(text)
+        with pytest.raises(nbs.PipelineError, match=match):
+            sweep.load_grid(g, info)
+    with pytest.raises(nbs.PipelineError, match="not found"):
+        sweep.load_grid(tmp_path / "missing.yaml", info)
+    pts = sweep.plan(info, "cpu", [0, 1], [{"lr": 0.5}], runs_root=tmp_path / "runs")
+    assert [p.params["lr"] for p in pts] == [0.5, 0.5]
+    assert pts[0].params["steps"] == 5  # the cpu profile still applies under the grid point
+    assert pts[1].run_dir.endswith("runs/cpu/00_toy/lr=0.5/seed1")
+
+
+def test_reproduce_parallel_resumable_and_isolated_failures(tmp_path, monkeypatch, capsys):
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    (root / "grid.yaml").write_text("steps: [3, 4]\n")
+    args = ["reproduce", "00", "--profile", "cpu", "--seeds", "0-1", "--grid", "grid.yaml",
+            "--jobs", "2", "-p", "fail_at", "4"]
+    assert cli.main(args) == 1  # the steps=4 points fail, the steps=3 points do not
+    out = capsys.readouterr().out
+    assert "2 ran ok, 0 were already complete, 2 failed" in out
+    assert "cell" in out and "boom at the work cell" in out
+    for s in (0, 1):
+        good = root / "runs/cpu/00_toy/steps=3" / f"seed{s}"
+        assert json.loads((good / "results.json").read_text())["point"] == "steps=3"
+        bad = root / "runs/cpu/00_toy/steps=4" / f"seed{s}"
+        run = json.loads((bad / "run.json").read_text())
+        assert not run["ok"] and "boom" in run["error"] and not (bad / "results.json").exists()
+    stamp = (root / "runs/cpu/00_toy/steps=3/seed0/results.json").stat().st_mtime_ns
+    # a second call reruns only the failed points
+    assert cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert "2 points already complete" not in out and "2 already complete, 2 to run" in out
+    assert (root / "runs/cpu/00_toy/steps=3/seed0/results.json").stat().st_mtime_ns == stamp
+    # changed parameters (fail_at dropped) make every point incomplete again
+    args = args[:-3]
+    assert cli.main(args) == 0
+    assert "4 ran ok, 0 were already complete, 0 failed" in capsys.readouterr().out
+    assert cli.main(args) == 0
+    assert "0 ran ok, 4 were already complete" in capsys.readouterr().out
+    # bad input is refused before anything runs
+    assert cli.main(["reproduce", "00", "--seeds", "0", "-p", "nope", "1"]) == 2
+    assert cli.main(["reproduce", "00", "--seeds", "x"]) == 2
+
+
+def test_killed_sweep_restarts_without_loss(tmp_path):
+    root = make_repo(tmp_path)
+    cmd = [sys.executable, "-m", "agentrl_lib.cli", "reproduce", "00", "--profile", "cpu",
+           "--seeds", "0-3", "--jobs", "1", "-p", "sleep_s", "2"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    base = root / "runs/cpu/00_toy"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (base / "seed0/run.json").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)  # now inside seed 1's notebook
+    os.killpg(proc.pid, signal.SIGKILL)  # no clean-up: the hardest way to die
+    proc.wait()
+    finished = {s for s in range(4) if (base / f"seed{s}/run.json").exists()}
+    assert 0 in finished and len(finished) < 4
+    for s in range(4):  # nothing half-written looks finished
+        d = base / f"seed{s}"
+        assert (d / "results.json").exists() == (s in finished)
+    stamp = (base / "seed0/results.json").stat().st_mtime_ns
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(finished)} already complete, {4 - len(finished)} to run" in out.stdout
+    assert (base / "seed0/results.json").stat().st_mtime_ns == stamp
+    for s in range(4):
+        r = json.loads((base / f"seed{s}/results.json").read_text())
+        assert r["seed"] == s and r["claims"][0]["holds"]
+
+
+def test_ray_backend_on_a_local_instance(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="ray is in requirements/lock.txt; install it to test")
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    info = toy_info(root)
+    points = sweep.plan(info, "cpu", [0, 1], [{"lr": 0.5}], runs_root=root / "runs")
+    lines = []
+    out = sweep.run_sweep(points, jobs=2, backend="ray", echo=lines.append)
+    assert len(out["ok"]) == 2 and not out["failed"], lines
+    for p in points:
+        r = json.loads((Path(p.run_dir) / "results.json").read_text())
+        assert r["params"]["lr"] == 0.5 and r["seed"] == p.seed
+    assert sweep.run_sweep(points, backend="ray", echo=lines.append)["skipped"] == points
