@@ -1,9 +1,14 @@
 """Collect every ``results.json`` under ``runs/`` into one report: a self-contained HTML page
-(figures embedded, opens from a file with no server) and a markdown table.
+(figures embedded, opens from a file with no server) and a markdown table, per family and paper.
 
-Per notebook, profile and claim: ours and the baseline as mean +- std over seeds, the paper's
-number, and the verdict: 'holds' when the claim held in every seed, 'mixed k/n' when in some,
-'does not hold' when in none. Runs that failed before writing a result are listed too.
+Per notebook, profile, grid point and claim: ours and the baseline as mean +- std over seeds, the
+paper's number and where in the paper it comes from, and three verdicts:
+- every seed: 'holds' when the claim held in every seed, 'mixed k/n' when in some, 'does not
+  hold' when in none;
+- on the seed mean: the claim's own rule applied to the means;
+- with confidence: the IQM of the paired difference ours - baseline and its 95% bootstrap CI
+  (``stats.ordering_verdict``), 'yes' when the whole interval clears the margin.
+Runs that failed before writing a result are listed too.
 """
 
 from __future__ import annotations
@@ -52,20 +57,42 @@ def _fmt(values: list) -> str:
     return f"{a.mean():.4g} ± {a.std(ddof=1):.2g}"
 
 
+FAMILIES = {"0": "foundations", "1": "rlvr", "2": "reward", "3": "multiturn-credit",
+            "4": "search-tool", "5": "exploration", "6": "multiagent"}
+
+
+def family_of(result: dict) -> str:
+    """The catalog family of a notebook: its metadata's ``family``, else from its number."""
+    return result.get("family") or FAMILIES.get(str(result.get("notebook", "?"))[:1], "other")
+
+
+def _confidence(claims: list[dict]) -> dict:
+    from agentrl_lib.pipeline.stats import ordering_verdict
+
+    ours = [c["ours"] for c in claims]
+    base = [c["baseline"] for c in claims]
+    if any(v is None for v in ours) or any(b is None for b in base):
+        return {"iqm": "—", "confident": "—"}
+    v = ordering_verdict(ours, base, claims[0].get("direction", ">"), claims[0].get("margin", 0.0))
+    lo, hi = v["diff_ci"]
+    return {"iqm": f"{v['ours_iqm']:.4g}; diff {v['diff_iqm']:+.3g} [{lo:+.3g}, {hi:+.3g}]",
+            "confident": f"{'yes' if v['confident'] else 'no'} (n={v['n']})"}
+
+
 def summarise(results: list[dict]) -> list[dict]:
-    """One row per (notebook, profile, claim) with the numbers across seeds."""
+    """One row per (notebook, profile, grid point, claim) with the numbers across seeds."""
     groups: dict[tuple, list] = defaultdict(list)
     meta = {}
     for r in results:
         for c in r.get("claims", []):
-            key = (r["notebook"], r.get("profile", "?"), c["id"])
+            key = (r["notebook"], r.get("profile", "?"), r.get("point", ""), c["id"])
             groups[key].append((r.get("seed"), c, r))
             meta[r["notebook"]] = r
     rows = []
-    # notebooks and profiles sorted; claims in the order the notebook declares them
-    order = sorted(groups, key=lambda k: (k[0], k[1]))
-    for (nb, profile, cid) in order:
-        items = groups[(nb, profile, cid)]
+    # notebooks, profiles and points sorted; claims in the order the notebook declares them
+    order = sorted(groups, key=lambda k: (k[0], k[1], k[2]))  # notebook numbers follow families
+    for (nb, profile, point, cid) in order:
+        items = groups[(nb, profile, point, cid)]
         items.sort(key=lambda t: (t[0] is None, t[0]))
         claims = [c for _, c, _ in items]
         n_hold = sum(bool(c["holds"]) for c in claims)
@@ -85,13 +112,15 @@ def summarise(results: list[dict]) -> list[dict]:
             on_mean = _claim(cid, "", "", float(np.mean(ours_vals)), float(np.mean(base_vals)),
                              first.get("direction", ">"), first.get("margin", 0.0)).holds
         rows.append({
+            "family": family_of(meta[nb]), "point": point,
             "notebook": nb, "title": meta[nb].get("title") or nb, "paper": paper.get("title"),
             "url": paper.get("url"), "profile": profile, "claim": cid,
             "statement": first["statement"], "metric": first["metric"],
             "direction": first.get("direction", ""), "asserted": first.get("asserted", True),
             "seeds": [s for s, _, _ in items], "ours": _fmt([c["ours"] for c in claims]),
             "baseline": _fmt([c["baseline"] for c in claims]),
-            "paper_value": first.get("paper_value"), "verdict": verdict,
+            "paper_value": first.get("paper_value"), "source": first.get("source"),
+            "verdict": verdict, **_confidence(claims),
             "on_mean": {None: "—", True: "holds", False: "does not hold"}[on_mean],
             "devices": sorted({r.get("device", "?") for _, _, r in items}),
             "wall_s": _fmt([r.get("wall_s") for _, _, r in items]),
@@ -99,18 +128,29 @@ def summarise(results: list[dict]) -> list[dict]:
     return rows
 
 
+def _paper_cell(r: dict) -> str:
+    pv = "" if r["paper_value"] is None else str(r["paper_value"])
+    return pv + (f" ({r['source']})" if r.get("source") and pv else "")
+
+
 def markdown(rows: list[dict]) -> str:
+    """One table per family; the grid point, when there is one, follows the profile."""
     head = ("| notebook | profile | claim | ours (mean ± std) | baseline | paper | seeds | verdict "
-            "(every seed) | on the seed mean |\n|---|---|---|---|---|---|---|---|---|\n")
-    body = []
-    for r in rows:
-        seeds = ",".join(str(s) for s in r["seeds"])
-        pv = "" if r["paper_value"] is None else str(r["paper_value"])
-        note = "" if r["asserted"] else " (reported, not asserted)"
-        body.append(f"| {r['notebook']} | {r['profile']} | {r['statement']} ({r['metric']}, "
-                    f"{r['direction']}) | {r['ours']} | {r['baseline']} | {pv} | {seeds} | "
-                    f"**{r['verdict']}**{note} | {r['on_mean']} |")
-    return head + "\n".join(body) + "\n"
+            "(every seed) | on the seed mean | IQM; diff [95% CI] | with confidence |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    out = []
+    for fam in dict.fromkeys(r.get("family", "other") for r in rows):
+        body = []
+        for r in (r for r in rows if r.get("family", "other") == fam):
+            seeds = ",".join(str(s) for s in r["seeds"])
+            note = "" if r["asserted"] else " (reported, not asserted)"
+            prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
+            body.append(f"| {r['notebook']} | {prof} | {r['statement']} ({r['metric']}, "
+                        f"{r['direction']}) | {r['ours']} | {r['baseline']} | {_paper_cell(r)} | "
+                        f"{seeds} | **{r['verdict']}**{note} | {r['on_mean']} | "
+                        f"{r.get('iqm', '—')} | {r.get('confident', '—')} |")
+        out.append(f"### Family: {fam}\n\n" + head + "\n".join(body) + "\n")
+    return "\n".join(out)
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -139,24 +179,31 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict]) -> 
     by_nb = defaultdict(list)
     for r in rows:
         by_nb[r["notebook"]].append(r)
+    family = None
     for nb, nb_rows in by_nb.items():
         first = nb_rows[0]
+        if first.get("family") != family:
+            family = first.get("family")
+            parts.append(f"<h1 class='family'>Family: {e(str(family))}</h1>")
         link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
                 else e(first["paper"] or ""))
         parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p>")
         parts.append("<table><tr><th>profile</th><th>claim</th><th>metric</th><th>ours</th>"
                      "<th>baseline</th><th>paper</th><th>seeds</th><th>device</th>"
-                     "<th>wall s</th><th>verdict (every seed)</th><th>on the seed mean</th></tr>")
+                     "<th>wall s</th><th>verdict (every seed)</th><th>on the seed mean</th>"
+                     "<th>IQM; diff [95% CI]</th><th>with confidence</th></tr>")
         for r in nb_rows:
             cls = {"holds": "holds", "does not hold": "no"}.get(r["verdict"], "mixed")
             note = "" if r["asserted"] else "<br><span class='small'>reported, not asserted</span>"
+            prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
             parts.append(
-                f"<tr><td>{e(r['profile'])}</td><td>{e(r['statement'])}</td>"
+                f"<tr><td>{e(prof)}</td><td>{e(r['statement'])}</td>"
                 f"<td>{e(r['metric'])} ({e(r['direction'])})</td><td>{e(r['ours'])}</td>"
-                f"<td>{e(r['baseline'])}</td><td>{e(str(r['paper_value'] or ''))}</td>"
+                f"<td>{e(r['baseline'])}</td><td>{e(_paper_cell(r))}</td>"
                 f"<td>{e(','.join(map(str, r['seeds'])))}</td><td>{e('; '.join(r['devices']))}</td>"
                 f"<td>{e(r['wall_s'])}</td><td class='{cls}'>{e(r['verdict'])}{note}</td>"
-                f"<td>{e(r['on_mean'])}</td></tr>")
+                f"<td>{e(r['on_mean'])}</td><td>{e(r.get('iqm', '—'))}</td>"
+                f"<td>{e(r.get('confident', '—'))}</td></tr>")
         parts.append("</table>")
         for profile in sorted({r["profile"] for r in nb_rows}):
             dirs = sorted(res["_dir"] for res in results
@@ -203,12 +250,15 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
         nb_rows = [r for r in rows if r["notebook"] == nb]
         with path.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["claim", "statement", "metric", "direction", "ours_mean_std", "baseline",
-                        "paper_value", "seeds", "verdict", "asserted", "device", "wall_s"])
+            w.writerow(["claim", "point", "statement", "metric", "direction", "ours_mean_std",
+                        "baseline", "paper_value", "paper_source", "seeds", "verdict",
+                        "on_seed_mean", "iqm_diff_ci", "confident", "asserted", "device",
+                        "wall_s"])
             for r in nb_rows:
-                w.writerow([r["claim"], r["statement"], r["metric"], r["direction"], r["ours"],
-                            r["baseline"], r["paper_value"], " ".join(map(str, r["seeds"])),
-                            r["verdict"], r["asserted"], "; ".join(r["devices"]), r["wall_s"]])
+                w.writerow([r["claim"], r["point"], r["statement"], r["metric"], r["direction"],
+                            r["ours"], r["baseline"], r["paper_value"], r["source"],
+                            " ".join(map(str, r["seeds"])), r["verdict"], r["on_mean"], r["iqm"],
+                            r["confident"], r["asserted"], "; ".join(r["devices"]), r["wall_s"]])
         written.append(path)
         dirs = sorted((res["_dir"] for res in results if res["notebook"] == nb),
                       key=lambda d: int(Path(d).name.removeprefix("seed") or 0))

@@ -43,11 +43,12 @@ class Claim:
     paper_value: str | float | None
     holds: bool
     asserted: bool = True
+    source: str | None = None  # where in the paper paper_value comes from ("abstract", "Table 2")
 
 
 def claim(id: str, statement: str, metric: str, ours: float, baseline: float | None,
           direction: str = ">", margin: float = 0.0, paper_value=None,
-          asserted: bool = True) -> Claim:
+          asserted: bool = True, source: str | None = None) -> Claim:
     """Build a claim and decide it.
 
     direction: '>' ours > baseline + margin; '<' ours < baseline - margin; '>=' ours >= baseline
@@ -75,7 +76,7 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
     else:
         holds = abs(ours - b) <= margin
     return Claim(id, statement, metric, ours, b, direction, float(margin), paper_value,
-                 bool(holds), asserted)
+                 bool(holds), asserted, source)
 
 
 def run_dir(notebook: str, seed: int) -> Path:
@@ -144,13 +145,18 @@ def notebook_meta(notebook: str) -> dict:
 
 
 def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim],
-                  extra: dict | None = None) -> Path:
-    """Write ``results.json`` atomically (a temp file renamed into place) and return its path."""
+                  extra: dict | None = None, panel_hash=None) -> Path:
+    """Write ``results.json`` atomically (a temp file renamed into place) and return its path.
+
+    ``panel_hash``: the hash of the fixed evaluation panel (a string, or a dict of them), recorded
+    as ``eval_panel_hash``; when not given, a ``panel_hash``/``panel_hashes`` metric is used, and
+    notebooks evaluated exactly (tabular oracles, no sampled panel) record None."""
     seed = int(params.get("seed", 0))
     meta = notebook_meta(notebook)
     payload = {
         "notebook": notebook,
         "title": meta.get("title"),
+        "family": meta.get("family"),
         "paper": {"title": meta.get("paper"), "url": meta.get("url")},
         "profile": params.get("profile", "ci"),
         "point": os.environ.get("AGENTRL_POINT", ""),  # the sweep's grid point ("" if none)
@@ -166,6 +172,10 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
     }
     if extra:
         payload.update(extra)
+    if panel_hash is None:
+        panel_hash = payload.get("eval_panel_hash") or metrics.get("panel_hash") or \
+            metrics.get("panel_hashes")
+    payload["eval_panel_hash"] = panel_hash
     write_metrics_jsonl(run_dir(notebook, seed), metrics)
     path = run_dir(notebook, seed) / "results.json"
     tmp = path.with_suffix(".json.tmp")
