@@ -1,5 +1,6 @@
 # The two set-up commands of the README:
-#   make report   set up, run every notebook in the cpu profile (seeds 0 1 2), build report/index.html
+#   make report   set up, sweep every notebook in the cpu profile (seeds 0-2, 2 at a time, resumable:
+#                 only missing runs run), build report/index.html
 #   make test     set up, build the cached SFT base models (once), run the unit tests and execute
 #                 every notebook (ci profile) under nbval
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
@@ -10,7 +11,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROFILE ?= cpu
-SEEDS  ?= 0 1 2
+SEEDS  ?= 0-2
+JOBS   ?= 2
 NOTEBOOKS ?= all
 
 .PHONY: setup test report clean-runs
@@ -28,7 +30,7 @@ test: setup
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 report: setup
-	$(VENV)/bin/agentrl run $(NOTEBOOKS) --profile $(PROFILE) $(foreach s,$(SEEDS),--seed $(s)) --quiet; \
+	$(VENV)/bin/agentrl reproduce $(NOTEBOOKS) --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS); \
 	status=$$?; $(VENV)/bin/agentrl report; exit $$status
 
 clean-runs:

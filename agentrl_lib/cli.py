@@ -99,7 +99,8 @@ def cmd_reproduce(args) -> int:
             print(f"{p.label} -> {p.run_dir}")
         return 0
     out = run_sweep(points, jobs=args.jobs, backend=args.backend, address=args.address,
-                    cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run)
+                    cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run,
+                    rerun=args.rerun)
     print(f"\n{len(out['ok'])} ran ok, {len(out['skipped'])} were already complete, "
           f"{len(out['failed'])} failed")
     for p, res in out["failed"]:
@@ -186,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
                    help="fail a point whose cell runs longer than S seconds (0: no limit)")
     p.add_argument("--dry-run", action="store_true", help="list the points and their folders")
+    p.add_argument("--rerun", action="store_true", help="run complete points again (after a "
+                   "code change: completeness compares parameters, not the notebook's code)")
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")

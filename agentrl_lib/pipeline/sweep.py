@@ -161,10 +161,11 @@ def _ray_available():
 
 def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
               address: str | None = None, cell_timeout: int | None = 3600,
-              gpus_per_run: float = 0.0, echo=print) -> dict:
+              gpus_per_run: float = 0.0, echo=print, rerun: bool = False) -> dict:
     """Run every incomplete point; returns {'skipped': [...], 'ok': [...], 'failed': [(point,
-    outcome)]}. One line per finished point, with the sweep's running totals."""
-    todo = [p for p in points if not is_complete(p)]
+    outcome)]}. One line per finished point, with the sweep's running totals. ``rerun`` runs
+    complete points too (completeness looks at parameters, not at the notebook's code)."""
+    todo = [p for p in points if rerun or not is_complete(p)]
     skipped = [p for p in points if p not in todo]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
     echo(f"sweep: {len(points)} points, {len(skipped)} already complete, {len(todo)} to run "
