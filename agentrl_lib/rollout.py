@@ -162,7 +162,8 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
                   max_turns: int | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped
     together. Group i is ``group_size`` episodes reset with ``seeds[i]`` (same task, same start);
-    their sampling differs only through ``policy``.
+    they differ through ``policy`` and, where the environment has ``seed_dynamics``, through
+    independent transition noise (member j of seed s always gets the same noise stream).
 
     make_env: () -> env following the multi-turn protocol (``reset(seed)``, ``step(text)``).
     policy: (envs, observations) -> list of actions for the still-running envs, each either an
@@ -170,9 +171,11 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
     """
     envs, episodes = [], []
     for gid, seed in enumerate(seeds):
-        for _ in range(group_size):
+        for member in range(group_size):
             env = make_env()
             obs = env.reset(seed=int(seed))
+            if hasattr(env, "seed_dynamics"):  # same task, independent transition noise
+                env.seed_dynamics(int(np.random.SeedSequence([int(seed), member]).generate_state(1)[0]))
             envs.append(env)
             episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
                                     task=getattr(env, "task", None), action_ids=[]))

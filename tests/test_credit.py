@@ -92,3 +92,15 @@ def test_to_token_advantages():
     assert tok.tolist() == [1.5, 1.5, 0, 0, 0, -1.0, -1.0, 0]
     with pytest.raises(ValueError, match="turn_spans"):
         credit.to_token_advantages([ep(["a"], [1.0])], [np.array([1.0])])
+
+
+def test_group_members_get_independent_transition_noise():
+    """Same task per group, but slips are not shared: with an always-'right' policy on a slippery
+    grid the members' trajectories differ, and the same call twice gives the same episodes."""
+    env_fn = lambda: GridAgentEnv(max_turns=8, slip=0.5)  # noqa: E731
+    right = lambda envs, obs: [envs[0].actions.index("right")] * len(envs)  # noqa: E731
+    eps = play_episodes(env_fn, right, seeds=[5], group_size=6)
+    assert len({e.task for e in eps}) == 1
+    assert len({tuple(e.state_keys) for e in eps}) > 1
+    again = play_episodes(env_fn, right, seeds=[5], group_size=6)
+    assert [e.state_keys for e in eps] == [e.state_keys for e in again]

@@ -10,6 +10,10 @@ oracles), ``valid`` (whether the action text parsed to a legal action), ``error`
 None) and the task's ground truth. A malformed action never raises: it gets an error observation,
 leaves the state unchanged, costs ``invalid_penalty`` and is counted in ``env.num_invalid``.
 
+Optional: ``env.seed_dynamics(seed)`` after ``reset`` reseeds the episode's transition noise (slips)
+without changing the task: ``play_episodes`` gives the members of a group (same task seed) distinct
+noise streams, as independent rollouts of one task would have.
+
 The same environment runs with a tabular policy through ``env.actions`` (a symbolic action set:
 ``env.step(env.actions[i])``), an MLP, the tiny LM or a real model (free text).
 
@@ -111,6 +115,10 @@ class GridAgentEnv:
         s, _ = mdp.reset(seed=int(self._rng.integers(1 << 31)))
         self.pos, self.turn = self.cell(s), 0
         return self._observe(first=True)
+
+    def seed_dynamics(self, seed: int) -> None:
+        """Reseed the slip noise of this episode (the task and position stay)."""
+        self.tabular_form(*self.task)._rng = np.random.default_rng(seed)
 
     def step(self, action_text: str):
         if self.task is None:
