@@ -1,4 +1,5 @@
-"""Environments: tabular MDPs with known P and R, the token tree, and (later) text tasks."""
+"""Environments: tabular MDPs with known P and R, the token tree, text tasks, and multi-turn text
+environments (the text gridworld, twenty questions, a shop), each with an exact tabular form."""
 
 from agentrl_lib.envs.tabular import (  # noqa: F401
     TabularMDP, advantages, chain_mdp, expected_return, from_gymnasium, greedy, gridworld,
@@ -6,3 +7,6 @@ from agentrl_lib.envs.tabular import (  # noqa: F401
     value_iteration,
 )
 from agentrl_lib.envs.token_tree import TabularTreePolicy, TokenTreeMDP  # noqa: F401
+from agentrl_lib.envs.multiturn import GridAgentEnv, parse_action  # noqa: F401
+from agentrl_lib.envs.shop import ShopEnv  # noqa: F401
+from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv  # noqa: F401

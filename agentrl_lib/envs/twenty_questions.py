@@ -1,0 +1,305 @@
+"""TwentyQuestions: find a hidden item among K by asking yes/no attribute questions.
+
+The shared environment of ../shared/papers/README.md (ArCHer, IGPO): a hidden item drawn uniformly
+from ``items``, each item described by binary attributes, a scripted (always truthful) answerer and
+at most ``max_turns`` turns. Each turn the agent either asks ``"Is it <attribute>?"`` (answered
+"Yes." or "No.") or guesses ``"Is it a <item>?"``. A correct guess pays ``correct_reward`` and ends
+the game; a wrong guess is answered "No." and the game goes on. Every turn costs ``step_cost``.
+The turn cap ends the game (a loss: ``info["truncated"]`` is True, but the turn is part of the
+state key, so the capped state is terminal in the tabular form).
+
+It follows the multi-turn protocol of ``agentrl_lib.envs.multiturn``: ``reset(seed) -> str``,
+``step(text) -> (obs, reward, done, info)`` with ``info["state_key"]``, ``valid``, ``error`` and the
+ground truth ``item``. Malformed or unknown questions never raise: they get an error observation,
+use up the turn, cost ``invalid_penalty`` and are counted in ``env.num_invalid``.
+
+**The tabular form.** Under the uniform prior over items, the belief after any history is uniform
+over the *consistent* items (those agreeing with every answer so far), so the pair
+(consistent items, turns used) is a Markov state of the agent's decision problem. It is the
+``state_key``. From it ``optimal_values`` computes V* and Q* exactly by recursion, and
+``policy_values`` computes Q^pi, V^pi (hence A^pi) of any tabular policy ``pi(key) -> probs``.
+Transitions from belief b (a sorted tuple of item indices):
+
+- question j: answer "yes" with probability |b ∩ has_j| / |b| -> b ∩ has_j, else b \\ has_j;
+- guess i: success with probability 1[i in b] / |b| (terminal), else b \\ {i}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import lru_cache
+
+import numpy as np
+
+# A small hand-written world: 16 items x 8 attributes, every item with a distinct attribute row
+# (so every item can be identified by questions alone).
+ATTRIBUTES = ["alive", "a mammal", "able to fly", "found in water", "bigger than a person",
+              "made of metal", "edible", "dangerous"]
+CATALOG = {  # item: its attribute values, in ATTRIBUTES order
+    "dog":       (1, 1, 0, 0, 0, 0, 0, 0),
+    "horse":     (1, 1, 0, 0, 1, 0, 0, 0),
+    "whale":     (1, 1, 0, 1, 1, 0, 0, 0),
+    "shark":     (1, 0, 0, 1, 1, 0, 0, 1),
+    "eagle":     (1, 0, 1, 0, 0, 0, 0, 0),
+    "bat":       (1, 1, 1, 0, 0, 0, 0, 0),
+    "frog":      (1, 0, 0, 1, 0, 0, 0, 0),
+    "snake":     (1, 0, 0, 0, 0, 0, 0, 1),
+    "car":       (0, 0, 0, 0, 1, 1, 0, 1),
+    "airplane":  (0, 0, 1, 0, 1, 1, 0, 0),
+    "submarine": (0, 0, 0, 1, 1, 1, 0, 0),
+    "bicycle":   (0, 0, 0, 0, 0, 1, 0, 0),
+    "apple":     (0, 0, 0, 0, 0, 0, 1, 0),
+    "salmon":    (1, 0, 0, 1, 0, 0, 1, 0),
+    "knife":     (0, 0, 0, 0, 0, 1, 0, 1),
+    "tree":      (1, 0, 0, 0, 1, 0, 0, 0),
+}
+DEFAULT_ITEMS = ["dog", "horse", "whale", "shark", "eagle", "bat", "car", "apple"]
+
+_SPACES = re.compile(r"\s+")
+
+
+def _normalise(text: str) -> str:
+    """Lower case, single spaces, no surrounding punctuation or quotes."""
+    return _SPACES.sub(" ", text.lower()).strip(" \t\n\"'.?!")
+
+
+class TwentyQuestionsEnv:
+    """Twenty questions over ``items`` (names from ``CATALOG`` or with ``table`` given).
+
+    items: the K candidate items; attributes: the questions that may be asked.
+    table: optional {item: attribute tuple} replacing ``CATALOG`` (e.g. a random world).
+    """
+
+    def __init__(self, items: list[str] | None = None, attributes: list[str] | None = None,
+                 max_turns: int = 6, correct_reward: float = 1.0, step_cost: float = 0.0,
+                 invalid_penalty: float = 0.0, gamma: float = 1.0,
+                 table: dict | None = None, table_attributes: list[str] | None = None):
+        table = dict(table or CATALOG)
+        columns = list(table_attributes or ATTRIBUTES)  # the order of the table's tuples
+        self.items = list(items or DEFAULT_ITEMS)
+        self.attributes = list(attributes or columns)
+        unknown = [i for i in self.items if i not in table]
+        if unknown:
+            raise ValueError(f"items not in the table: {unknown}")
+        if len(set(self.items)) != len(self.items) or len(self.items) < 1:
+            raise ValueError("items must be distinct and at least one")
+        missing = [a for a in self.attributes if a not in columns]
+        if missing:
+            raise ValueError(f"unknown attributes: {missing}")
+        # has[i, j] = 1 when item i has attribute j (j over self.attributes)
+        self.has = np.array([[table[it][columns.index(a)] for a in self.attributes]
+                             for it in self.items], dtype=bool)  # (K, J)
+        self.max_turns, self.gamma = int(max_turns), float(gamma)
+        self.correct_reward, self.step_cost = float(correct_reward), float(step_cost)
+        self.invalid_penalty = float(invalid_penalty)
+        # the symbolic action set: every question, then every guess
+        self.actions = ([f"Is it {a}?" for a in self.attributes]
+                        + [f"Is it {self._article(it)} {it}?" for it in self.items])
+        self.num_questions = len(self.attributes)
+        self._rng = np.random.default_rng()
+        self.num_invalid = 0
+        self.item = None
+        self.task = None
+        self.turn = 0
+        self.consistent: tuple = ()
+        self.history: list[tuple[str, str]] = []
+
+    @staticmethod
+    def _article(word: str) -> str:
+        return "an" if word[0] in "aeiou" else "a"
+
+    @property
+    def num_items(self) -> int:
+        return len(self.items)
+
+    # --- parsing -------------------------------------------------------------------------------
+    def parse(self, text: str) -> tuple[int | None, str | None]:
+        """(action index into ``self.actions``, None) or (None, error message).
+
+        Accepts "Is it <attribute>?" and "Is it a/an <item>?", case and punctuation free.
+
+        >>> env = TwentyQuestionsEnv()
+        >>> env.parse("is it ALIVE")[0], env.parse("Is it a dog?")[0], env.parse("Is it an dog")[0]
+        (0, 8, 8)
+        >>> env.parse("Is it purple?")
+        (None, "unknown attribute or item 'purple'")
+        """
+        s = _normalise(text)
+        if not s.startswith("is it "):
+            return None, "ask 'Is it <attribute>?' or guess 'Is it a <item>?'"
+        rest = s[len("is it "):].strip()
+        if rest in self.attributes:
+            return self.attributes.index(rest), None
+        for art in ("a ", "an ", "the "):
+            if rest.startswith(art) and rest[len(art):] in self.items:
+                return self.num_questions + self.items.index(rest[len(art):]), None
+        if rest in self.items:
+            return self.num_questions + self.items.index(rest), None
+        return None, f"unknown attribute or item {rest[:40]!r}"
+
+    # --- the protocol --------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, item: str | int | None = None) -> str:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        if item is None:
+            idx = int(self._rng.integers(self.num_items))
+        else:
+            idx = item if isinstance(item, (int, np.integer)) else self.items.index(item)
+        self.item = self.items[int(idx)]
+        self.task = self.item
+        self.turn = 0
+        self.consistent = tuple(range(self.num_items))
+        self.history = []
+        return self._observe()
+
+    def state_key(self) -> tuple:
+        """(consistent item indices, turns used): the Markov belief state, hashable."""
+        return (self.consistent, self.turn)
+
+    def step(self, action_text: str):
+        if self.item is None:
+            raise RuntimeError("call reset() before step()")
+        self.turn += 1
+        a, err = self.parse(action_text)
+        info = {"valid": a is not None, "error": err, "item": self.item, "task": self.item,
+                "action": a, "success": False}
+        if a is None:
+            self.num_invalid += 1
+            done = self.turn >= self.max_turns
+            info.update(state_key=self.state_key(), truncated=done)
+            self.history.append((action_text.strip()[:60], "Invalid question."))
+            obs = f"Invalid question: {err}.\n" + ("" if done else self._observe())
+            return obs, self.invalid_penalty - self.step_cost, done, info
+        k = self.items.index(self.item)
+        if a < self.num_questions:
+            yes = bool(self.has[k, a])
+            self.consistent = tuple(i for i in self.consistent if self.has[i, a] == yes)
+            answer, success = ("Yes." if yes else "No."), False
+        else:
+            guess = a - self.num_questions
+            success = guess == k
+            answer = "Yes! You found it." if success else "No."
+            if not success:
+                self.consistent = tuple(i for i in self.consistent if i != guess)
+        self.history.append((self.actions[a], answer))
+        done = success or self.turn >= self.max_turns
+        info.update(state_key=self.state_key(), success=success,
+                    truncated=done and not success)
+        reward = self.correct_reward * success - self.step_cost
+        obs = answer if success else (answer + " " + (
+            f"Game over: it was {self._article(self.item)} {self.item}." if done
+            else self._observe()))
+        return obs, reward, done, info
+
+    def _observe(self) -> str:
+        lines = [f"Turn {self.turn + 1}/{self.max_turns}. I am thinking of one of: "
+                 f"{', '.join(self.items)}."]
+        lines += [f"Q: {q} A: {ans}" for q, ans in self.history]
+        lines.append(f"Ask 'Is it <attribute>?' ({', '.join(self.attributes)}) or guess "
+                     f"'Is it a <item>?'.")
+        return "\n".join(lines)
+
+    # --- features for critics and actors -------------------------------------------------------
+    def key_features(self, key: tuple) -> np.ndarray:
+        """A dense feature vector of a state key: the consistent-item indicator (K,) and the
+        one-hot turn (max_turns + 1,); (K + max_turns + 1,)."""
+        items, turn = key
+        x = np.zeros(self.num_items + self.max_turns + 1, dtype=np.float32)
+        x[list(items)] = 1.0
+        x[self.num_items + min(int(turn), self.max_turns)] = 1.0
+        return x
+
+    # --- the tabular form ----------------------------------------------------------------------
+    def transitions(self, key: tuple, a: int) -> list[tuple[float, float, tuple, bool]]:
+        """[(probability, reward, next key, terminal)] of action ``a`` in belief state ``key``."""
+        b, t = key
+        t2 = t + 1
+        cap = t2 >= self.max_turns
+        r = -self.step_cost
+        if a < self.num_questions:
+            yes = tuple(i for i in b if self.has[i, a])
+            no = tuple(i for i in b if not self.has[i, a])
+            return [(len(s) / len(b), r, (s, t2), cap) for s in (yes, no) if s]
+        g = a - self.num_questions
+        if g not in b:
+            return [(1.0, r, (b, t2), cap)]
+        out = [(1.0 / len(b), self.correct_reward + r, ((g,), t2), True)]
+        rest = tuple(i for i in b if i != g)
+        if rest:
+            out.append((len(rest) / len(b), r, (rest, t2), cap))
+        return out
+
+    def start_key(self) -> tuple:
+        return (tuple(range(self.num_items)), 0)
+
+    def optimal_values(self, gamma: float | None = None):
+        """V*(key) and Q*(key) = (A,) by exact recursion over belief states.
+
+        V*(b, t) = max_a sum_{b'} P(b'|b,a) [r + gamma (1 - terminal) V*(b', t+1)].
+        Returns (v_star, q_star): functions of a state key (cached).
+        """
+        g = self.gamma if gamma is None else float(gamma)
+        A = len(self.actions)
+
+        @lru_cache(maxsize=None)
+        def q_star(key):
+            q = np.zeros(A)
+            for a in range(A):
+                q[a] = sum(p * (r + (0.0 if term else g * v_star(k2)))
+                           for p, r, k2, term in self.transitions(key, a))
+            return q
+
+        @lru_cache(maxsize=None)
+        def v_star(key):
+            return float(q_star(key).max())
+
+        return v_star, q_star
+
+    def policy_values(self, policy, gamma: float | None = None):
+        """V^pi and Q^pi of a tabular policy ``policy(key) -> (A,) probabilities``.
+
+        Q^pi(s,a) = sum_{s'} P(s'|s,a) [r + gamma (1 - terminal) V^pi(s')],
+        V^pi(s) = sum_a pi(a|s) Q^pi(s,a). Returns (v_pi, q_pi), cached functions of a key.
+        A malformed turn is not in the symbolic action set, so it is not modelled here.
+        """
+        g = self.gamma if gamma is None else float(gamma)
+        A = len(self.actions)
+
+        @lru_cache(maxsize=None)
+        def q_pi(key):
+            q = np.zeros(A)
+            for a in range(A):
+                q[a] = sum(p * (r + (0.0 if term else g * v_pi(k2)))
+                           for p, r, k2, term in self.transitions(key, a))
+            return q
+
+        @lru_cache(maxsize=None)
+        def v_pi(key):
+            return float(np.dot(np.asarray(policy(key), dtype=float), q_pi(key)))
+
+        return v_pi, q_pi
+
+    def success_probability(self, policy) -> float:
+        """P(the game is won within max_turns) under ``policy(key) -> probs``, exactly:
+        V^pi at the start with reward 1[correct guess], no step cost and gamma = 1."""
+        saved = (self.correct_reward, self.step_cost)
+        self.correct_reward, self.step_cost = 1.0, 0.0
+        try:
+            v_pi, _ = self.policy_values(policy, gamma=1.0)
+            return v_pi(self.start_key())
+        finally:
+            self.correct_reward, self.step_cost = saved
+
+    # --- evaluation panels ---------------------------------------------------------------------
+    def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, str]], str]:
+        """A fixed panel of ``n`` (seed, item) episodes, items balanced, seeds from 10**6, and a
+        hash of the panel *and* the game (items, attributes, table rows, max_turns), so numbers
+        are comparable only when the hashes match."""
+        panel = [(10**6 + i, self.items[i % self.num_items]) for i in range(n)]
+        return panel, self.panel_hash(panel)
+
+    def panel_hash(self, panel) -> str:
+        game = [self.items, self.attributes, self.has.astype(int).tolist(), self.max_turns]
+        return hashlib.sha256(json.dumps([game, panel]).encode()).hexdigest()[:16]
