@@ -13,7 +13,7 @@ from agentrl_lib.pipeline.run import execute
 
 ROOT = repo_root()
 # the fastest notebook of each family that samples (so the check is not trivially true)
-REPRESENTATIVES = {"foundations": "04_rover", "rlvr": "10_tiny_lm"}
+REPRESENTATIVES = {"foundations": "04_rover", "rlvr": "10_tiny_lm", "multiturn-credit": "31_gigpo"}
 TIMING = re.compile(r"(^|_)(time|wall|seconds|secs|elapsed|speed|per_s|overhead|ms)(_|$)|_s$")
 
 
