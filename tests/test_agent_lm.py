@@ -1,0 +1,267 @@
+"""Multi-turn LM rollouts: the token record (loss mask exactly on the agent's tokens, turn spans),
+batched rollout with a persistent KV cache == the naive loop == an independent text-level loop,
+recomputed log-probs == sampling log-probs, malformed output through the env's error path, the
+training loop's update, and the scripted warm-start data."""
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl_lib import agent_lm
+from agentrl_lib.agent_lm import (AgentLMConfig, episode_token_logps, lm_rollout, naive_rollout,
+                                  pad_episodes)
+from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.models.tiny_lm import new_model
+from agentrl_lib.rollout import generate, play_episodes
+
+LAYOUT = ["...", ".#.", "..."]
+
+
+def make_env(max_turns=4):
+    return lambda: GridAgentEnv(layout=LAYOUT, max_turns=max_turns)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.set_num_threads(1)
+    return new_model("tiny-64", seed=0)
+
+
+@pytest.fixture(scope="module")
+def moving_lm():
+    """A tiny LM nudged to answer moves: a few SFT steps on the scripted policy, so episodes end at
+    different turns (some reach the goal, some are cut) and actions are sometimes valid."""
+    torch.set_num_threads(1)
+    cfg = agent_lm.AgentSFTConfig(env_kwargs=dict(layout=LAYOUT, max_turns=4), epsilon=0.5,
+                                  num_episodes=200, steps=40, max_turns=4, lr=1e-2)
+    model, tok, _ = agent_lm.train_agent_sft(cfg, verbose=False)
+    return model, tok
+
+
+def check_record(tok, ep, max_new_tokens):
+    eos = tok.eos_token_id
+    assert len(ep.turn_spans) == len(ep.actions) == len(ep.rewards) == len(ep.state_keys)
+    assert len(ep.observations) == len(ep.actions)
+    assert len(ep.token_ids) == len(ep.loss_mask) == len(ep.logps)
+    # the mask is 1 exactly on the union of the turn spans
+    in_span = np.zeros(len(ep.token_ids), dtype=int)
+    for s, e in ep.turn_spans:
+        assert 0 < e - s <= max_new_tokens
+        in_span[s:e] = 1
+    assert in_span.tolist() == ep.loss_mask
+    # decoding the masked tokens of each turn gives the action text the env received
+    for (s, e), a in zip(ep.turn_spans, ep.actions):
+        assert tok.decode(ep.token_ids[s:e], skip_special_tokens=True) == a
+        ids = ep.token_ids[s:e]
+        assert eos not in ids[:-1]  # the span ends at its first end-of-turn token
+        if ids[-1] != eos:  # cut at max_new_tokens: a template eos (mask 0) closes the turn
+            assert len(ids) == max_new_tokens and ep.token_ids[e] == eos and ep.loss_mask[e] == 0
+    # the tokens between spans are the template around the next observation, nothing else
+    for t in range(1, len(ep.actions)):
+        prev_end, start = ep.turn_spans[t - 1][1], ep.turn_spans[t][0]
+        between = ep.token_ids[prev_end:start]
+        if ep.token_ids[prev_end - 1] != eos:
+            between = between[1:]
+        seg = tok(agent_lm.observation_text(tok, ep.observations[t]),
+                  add_special_tokens=False)["input_ids"]
+        assert between == seg
+    # the record ends with the last action (the final observation is never shown to the agent)
+    last = ep.turn_spans[-1][1]
+    assert len(ep.token_ids) in (last, last + 1)
+    # logps are 0 off the mask and negative on it
+    lp = np.array(ep.logps)
+    assert np.all(lp[np.array(ep.loss_mask) == 0] == 0.0) and np.all(lp[in_span == 1] <= 0)
+    # the whole conversation is the chat template applied to the messages, token for token
+    msgs = [{"role": "system", "content": agent_lm.SYSTEM_PROMPT}]
+    for o, (s, e) in zip(ep.observations, ep.turn_spans):
+        msgs += [{"role": "user", "content": o},
+                 {"role": "assistant", "content": tok.decode(ep.token_ids[s:e]).removesuffix(
+                     tok.eos_token)}]
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    assert tok.decode(ep.prompt_ids + ep.token_ids) == text.removesuffix("\n")
+
+
+def test_record_masks_and_spans(lm, moving_lm):
+    for model, tok in (lm, moving_lm):
+        eps = lm_rollout(model, tok, make_env(), [0, 1, 2, 3], group_size=3, max_turns=4,
+                         max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+        assert len(eps) == 12 and [ep.group_id for ep in eps] == [g for g in range(4) for _ in range(3)]
+        for ep in eps:
+            check_record(tok, ep, 6)
+    # the SFT'd model's episodes end at different turns, some by success
+    lengths = {len(ep) for ep in eps}
+    assert len(lengths) > 1 and any(ep.success for ep in eps)
+
+
+def test_malformed_output_goes_through_error_path(lm):
+    model, tok = lm  # an untrained model writes gibberish
+    env_holder = []
+
+    def mk():
+        env_holder.append(GridAgentEnv(layout=LAYOUT, max_turns=3))
+        return env_holder[-1]
+    eps = lm_rollout(model, tok, mk, [5], group_size=2, max_turns=3, max_new_tokens=5,
+                     generator=torch.Generator().manual_seed(1))
+    for ep, env in zip(eps, env_holder):
+        assert not any(ep.valid) and env.num_invalid == len(ep) == 3
+        assert all(o.startswith("Invalid action") for o in ep.observations[1:])
+        assert len(set(ep.state_keys)) == 1  # the state never moved
+        assert ep.truncated and ep.ret == 0.0
+        check_record(tok, ep, 5)
+
+
+def test_batched_equals_naive_and_text_loop_greedy(moving_lm):
+    model, tok = moving_lm
+    seeds = [0, 3, 7, 11, 12]
+
+    def varied_caps():  # env caps 1..4 in creation order, so rows leave the batch at different turns
+        count = [0]
+
+        def mk():
+            count[0] += 1
+            return GridAgentEnv(layout=LAYOUT, max_turns=1 + count[0] % 4)
+        return mk
+    a = lm_rollout(model, tok, varied_caps(), seeds, 2, 4, 6, greedy=True)
+    b = naive_rollout(model, tok, varied_caps(), seeds, 2, 4, 6, greedy=True)
+    assert [e.actions for e in a] == [e.actions for e in b]
+    assert [e.token_ids for e in a] == [e.token_ids for e in b]
+    assert [e.group_id for e in a] == [e.group_id for e in b]
+    np.testing.assert_allclose(np.concatenate([e.logps for e in a]),
+                               np.concatenate([e.logps for e in b]), atol=1e-5)
+    assert len({len(e) for e in a}) > 1  # rows leave the batch at different turns
+    # an independent loop: the chat template on message dicts and rollout.generate on strings
+    for j, ep in enumerate(a):
+        seed = seeds[j // 2]
+        env = GridAgentEnv(layout=LAYOUT, max_turns=1 + (j + 1) % 4)
+        msgs = [{"role": "system", "content": agent_lm.SYSTEM_PROMPT},
+                {"role": "user", "content": env.reset(seed=seed)}]
+        actions = []
+        for _ in range(4):
+            prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            text = generate(model, tok, [prompt], 6, greedy=True).texts[0]
+            actions.append(text)
+            obs, _, done, _ = env.step(text)
+            if done:
+                break
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
+        assert actions == ep.actions
+
+
+def test_recomputed_logps_equal_sampling_logps(moving_lm):
+    model, tok = moving_lm
+    eps = lm_rollout(model, tok, make_env(), [0, 1, 2], 4, 4, 6, temperature=1.0,
+                     generator=torch.Generator().manual_seed(2))
+    logps, ents, mask = episode_token_logps(model, eps)
+    _, _, _, _, loss_mask, old = pad_episodes(eps, tok.pad_token_id)
+    assert torch.equal(mask, loss_mask) and logps.requires_grad
+    assert mask.sum() == sum(sum(ep.loss_mask) for ep in eps)
+    torch.testing.assert_close(logps, old, atol=2e-5, rtol=0)
+    # batched sampling log-probs also equal a forward pass of each episode alone
+    for i, ep in enumerate(eps[:4]):
+        single, _, _ = episode_token_logps(model, [ep])
+        n = len(ep.token_ids)
+        torch.testing.assert_close(single[0, :n], logps[i, :n], atol=2e-5, rtol=0)
+    # temperature: sampling logps are those of the tempered distribution
+    eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, temperature=0.7,
+                     generator=torch.Generator().manual_seed(3))
+    logps, _, _ = episode_token_logps(model, eps, temperature=0.7)
+    torch.testing.assert_close(logps, pad_episodes(eps, 0)[5], atol=2e-5, rtol=0)
+
+
+def test_sampled_distribution_batched_vs_naive(moving_lm):
+    """Sampling: the same first-turn action distribution either way (both sample exactly from the
+    same model; checked by frequency of the first action over 200 episodes, 5 sigma)."""
+    model, tok = moving_lm
+    a = lm_rollout(model, tok, make_env(), [4], 200, 1, 6, generator=torch.Generator().manual_seed(4))
+    b = naive_rollout(model, tok, make_env(), [4], 200, 1, 6, generator=torch.Generator().manual_seed(5))
+    for act in ("up", "down", "left", "right"):
+        pa = np.mean([e.actions[0] == act for e in a])
+        pb = np.mean([e.actions[0] == act for e in b])
+        se = np.sqrt(max(pa * (1 - pa) + pb * (1 - pb), 1e-3) / 200)
+        assert abs(pa - pb) < 5 * se
+    # and the probability the batched record gives the first action is the model's own
+    ep = a[0]
+    lp = sum(ep.logps[s] for s in range(*ep.turn_spans[0]))
+    assert lp < 0
+
+
+def test_text_episodes_to_tokens_matches_rollout_record(moving_lm):
+    """Scripted episodes get the same token layout an LM rollout records for the same texts."""
+    model, tok = moving_lm
+    eps = lm_rollout(model, tok, make_env(), [0, 1, 2], 2, 4, 6, greedy=True)
+    ended = [e for e in eps if all(tok.eos_token_id in e.token_ids[s:t] for s, t in e.turn_spans)]
+    assert ended
+    import copy
+    redo = agent_lm.text_episodes_to_tokens(tok, copy.deepcopy(ended))
+    for e, r in zip(ended, redo):
+        assert (r.prompt_ids, r.token_ids, r.loss_mask, r.turn_spans) == \
+            (e.prompt_ids, e.token_ids, e.loss_mask, e.turn_spans)
+
+
+def test_scripted_policy_is_optimal_at_epsilon_zero():
+    env_fn = lambda: GridAgentEnv(layout=LAYOUT, max_turns=8)  # noqa: E731
+    eps = play_episodes(env_fn, agent_lm.scripted_policy(0.0, np.random.default_rng(0)),
+                        list(range(40)), 1, 8)
+    for ep in eps:
+        start, goal = ep.task
+        # shortest path length on the ring around the centre wall
+        d = abs(start[0] - goal[0]) + abs(start[1] - goal[1])
+        if start[0] == goal[0] == 1 or start[1] == goal[1] == 1:
+            d = max(d, 4) if d == 2 else d
+        assert ep.success and len(ep) == d
+
+
+class LengthRewardEnv(GridAgentEnv):
+    """Reward = action length / 10 each turn: varies inside every group, so every update moves."""
+
+    def step(self, action_text):
+        obs, r, done, info = super().step(action_text)
+        return obs, r + len(action_text) / 10, done, info
+
+
+def test_training_step_changes_params_and_advantages(moving_lm):
+    import copy
+    model, tok = moving_lm
+    model = copy.deepcopy(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    for est in ("grpo", "gigpo"):
+        cfg = AgentLMConfig(estimator=est, num_iters=1, num_tasks=2, group_size=4, max_turns=3,
+                            max_new_tokens=6, eval_every=1, lr=1e-3)
+        rows = agent_lm.train_agent(model, tok, lambda: LengthRewardEnv(layout=LAYOUT, max_turns=3),
+                                    cfg, train_seeds=list(range(10)),
+                                    eval_seeds=[0, 1], eval_samples=1)
+        assert [r["step"] for r in rows] == [0, 1] and "eval_success" in rows[0] and "loss" in rows[0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="estimator"):
+        AgentLMConfig(estimator="ppo")
+
+
+def test_loss_zero_advantage_is_zero_and_gradient_only_from_masked_tokens(moving_lm):
+    model, tok = moving_lm
+    eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, generator=torch.Generator().manual_seed(6))
+    N = max(len(e.token_ids) for e in eps)
+    cfg = AgentLMConfig()
+    loss, _ = agent_lm.agent_loss(model, eps, torch.zeros(len(eps), N), cfg)
+    assert loss.item() == 0.0
+    # with ratio 1 the token-mean loss is -mean of the advantages on agent tokens
+    adv = torch.randn(len(eps), N)
+    loss, _ = agent_lm.agent_loss(model, eps, adv, cfg)
+    m = pad_episodes(eps, 0)[4]
+    torch.testing.assert_close(loss, -(adv * m).sum() / m.sum(), atol=1e-4, rtol=0)
+
+
+def test_cached_agent_model_is_the_notebooks_ci_start():
+    """`agentrl cache grid-agent-tiny` (run by make test) must build exactly the SFT start that
+    notebook 30's ci defaults ask for, or the first notebook run pays minutes to train it."""
+    from agentrl_lib import cli
+    from agentrl_lib.agent_lm import AGENT_MODELS
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+
+    root = repo_root()
+    p = {k: v.default for k, v in load_notebook(root / "notebooks" / "30_multiturn_agent.ipynb",
+                                                root).params.items()}
+    cfg = AGENT_MODELS["grid-agent-tiny"]
+    assert cfg.env_kwargs == dict(layout=p["layout"].split("|"), max_turns=p["max_turns"])
+    assert (cfg.steps, cfg.epsilon, cfg.max_turns) == (p["sft_steps"], p["sft_epsilon"],
+                                                       p["max_turns"])
+    assert cli.main(["cache", "no-such-model"]) == 2
