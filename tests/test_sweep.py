@@ -127,3 +127,14 @@ def test_ray_backend_on_a_local_instance(tmp_path, monkeypatch):
         r = json.loads((Path(p.run_dir) / "results.json").read_text())
         assert r["params"]["lr"] == 0.5 and r["seed"] == p.seed
     assert sweep.run_sweep(points, backend="ray", echo=lines.append)["skipped"] == points
+
+
+def test_committed_grids_are_valid():
+    """Every reproductions/<notebook>/grid.yaml names parameters of its notebook, well typed."""
+    root = nbs.repo_root()
+    grids = sorted(root.glob("reproductions/*/grid.yaml"))
+    assert grids, "at least one example grid is committed"
+    for g in grids:
+        info = nbs.load_notebook(root / "notebooks" / f"{g.parent.name}.ipynb", root)
+        points = sweep.load_grid(g, info)
+        assert points and all(sweep.plan(info, "cpu", [0], [p]) for p in points)
