@@ -49,6 +49,22 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_id: int) -> Tensor:
     return (eos_before == 0).long()
 
 
+def sample_next(logits: Tensor, temperature: float = 1.0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """One decoding step: (token (B,), log-probs of the sampling distribution (B, V)) from the
+    last position's logits (B, V), at ``temperature`` (greedy: the argmax)."""
+    logp_all = F.log_softmax(logits.float() / max(temperature, 1e-8), -1)  # (B, V)
+    if greedy:
+        return logp_all.argmax(-1), logp_all
+    probs = logp_all.exp()
+    if generator is not None and generator.device != probs.device:
+        # a CPU generator with a CUDA model: sample where the generator lives (seeded sampling
+        # stays reproducible); the CPU path below is the common one
+        tok = torch.multinomial(probs.to(generator.device), 1, generator=generator)
+        return tok.squeeze(-1).to(logits.device), logp_all
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1), logp_all
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
              temperature: float = 1.0, greedy: bool = False,
@@ -66,18 +82,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
     done = torch.zeros(B, dtype=torch.bool, device=device)
     ids, logps, ents = [], [], []
     for _ in range(max_new_tokens):
-        logp_all = F.log_softmax(logits.float() / max(temperature, 1e-8), -1)  # (B, V)
-        if greedy:
-            tok = logp_all.argmax(-1)
-        else:
-            probs = logp_all.exp()
-            if generator is not None and generator.device != probs.device:
-                # a CPU generator with a CUDA model: sample where the generator lives (seeded
-                # sampling stays reproducible); the CPU path below is the common one
-                tok = torch.multinomial(probs.to(generator.device), 1, generator=generator)
-                tok = tok.squeeze(-1).to(device)
-            else:
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+        tok, logp_all = sample_next(logits, temperature, greedy, generator)  # (B,), (B, V)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         ids.append(tok)
         logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))

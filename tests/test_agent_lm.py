@@ -254,7 +254,7 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     """`agentrl cache grid-agent-tiny` (run by make test) must build exactly the SFT start that
     notebook 30's ci defaults ask for, or the first notebook run pays minutes to train it."""
     from agentrl_lib import cli
-    from agentrl_lib.agent_lm import AGENT_MODELS
+    from agentrl_lib.agent_lm import AGENT_MODELS, AgentSFTConfig
     from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
 
     root = repo_root()
@@ -264,4 +264,7 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     assert cfg.env_kwargs == dict(layout=p["layout"].split("|"), max_turns=p["max_turns"])
     assert (cfg.steps, cfg.epsilon, cfg.max_turns) == (p["sft_steps"], p["sft_epsilon"],
                                                        p["max_turns"])
+    # the notebook builds its AgentSFTConfig from these four values and the defaults (lr, size...)
+    assert cfg == AgentSFTConfig(env_kwargs=cfg.env_kwargs, epsilon=p["sft_epsilon"],
+                                 steps=p["sft_steps"], max_turns=p["max_turns"])
     assert cli.main(["cache", "no-such-model"]) == 2

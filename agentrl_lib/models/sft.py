@@ -144,13 +144,19 @@ def sft_checkpoint(cfg: SFTConfig, verbose: bool = True) -> Path:
         print(f"training the SFT base model {cfg} (cached at {path} afterwards)")
     t0 = time.time()
     model, tok, history = train_sft(cfg, verbose=verbose)
+    save_checkpoint(model, tok, path, {"config": asdict(cfg), "history": history,
+                                       "train_s": round(time.time() - t0, 1)})
+    return path
+
+
+def save_checkpoint(model, tokenizer, path: Path, meta: dict) -> Path:
+    """Write model, tokenizer and ``agentrl_sft.json`` (``meta``) to ``path`` atomically: into a
+    temp folder first, renamed into place, so a killed build never leaves a half checkpoint."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "agentrl_sft.json").write_text(json.dumps(
-        {"config": asdict(cfg), "history": history, "train_s": round(time.time() - t0, 1)},
-        indent=2, default=list))
+    tokenizer.save_pretrained(tmp)
+    (tmp / "agentrl_sft.json").write_text(json.dumps(meta, indent=2, default=list))
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, path)
