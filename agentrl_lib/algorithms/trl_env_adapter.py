@@ -128,6 +128,7 @@ def tool_sft(model, tokenizer, make_env, seeds: list[int], epsilon: float = 0.3,
     import torch
 
     from agentrl_lib.agent_lm import scripted_policy
+    from agentrl_lib.models.sft import masked_nll
     from agentrl_lib.rollout import play_episodes
 
     rng = np.random.default_rng(seed)
@@ -153,16 +154,7 @@ def tool_sft(model, tokenizer, make_env, seeds: list[int], epsilon: float = 0.3,
     model.train()
     for _ in range(steps):
         batch = [examples[j] for j in order.choice(len(examples), batch_size, replace=False)]
-        T = max(len(x) for x, _ in batch)
-        ids = torch.full((len(batch), T), tokenizer.pad_token_id)
-        mask = torch.zeros(len(batch), T)
-        attn = torch.zeros(len(batch), T, dtype=torch.long)
-        for i, (x, m) in enumerate(batch):
-            ids[i, :len(x)], mask[i, :len(m)], attn[i, :len(x)] = torch.tensor(x), torch.tensor(
-                m, dtype=torch.float), 1
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = masked_nll(model, batch, tokenizer.pad_token_id)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -100,15 +100,7 @@ def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
     model.train()
     for step in range(cfg.steps):
         batch = rng.sample(examples, min(cfg.batch_size, len(examples)))
-        T = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), T), tok.pad_token_id)
-        mask = torch.zeros(len(batch), T)
-        attn = torch.zeros(len(batch), T, dtype=torch.long)
-        for i, (x, m) in enumerate(batch):  # right padding is fine for teacher forcing
-            ids[i, :len(x)], mask[i, :len(m)], attn[i, :len(x)] = torch.tensor(x), torch.tensor(m, dtype=torch.float), 1
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = masked_nll(model, batch, tok.pad_token_id)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -120,6 +112,23 @@ def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
                 print(f"  sft step {step:4d}  loss {loss.item():.4f}", flush=True)
     model.eval()
     return model, tok, history
+
+
+def masked_nll(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
+    """Mean next-token NLL over the tokens whose mask is 1, for a batch of (ids, mask) examples
+    right-padded together (fine for teacher forcing): the SFT loss of every warm-start here."""
+    import torch
+
+    T = max(len(x) for x, _ in batch)
+    ids = torch.full((len(batch), T), pad_id)
+    mask = torch.zeros(len(batch), T)
+    attn = torch.zeros(len(batch), T, dtype=torch.long)
+    for i, (x, m) in enumerate(batch):
+        ids[i, :len(x)], mask[i, :len(m)], attn[i, :len(x)] = torch.tensor(x), torch.tensor(
+            m, dtype=torch.float), 1
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
 
 
 def sft_checkpoint(cfg: SFTConfig, verbose: bool = True) -> Path:
