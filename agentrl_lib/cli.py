@@ -135,20 +135,16 @@ def cmd_cache(args) -> int:
 
     torch.set_num_threads(1)  # tiny models: one thread is as fast when idle, far faster when busy
 
-    from agentrl_lib.agent_lm import AGENT_MODELS, agent_sft_checkpoint
-    from agentrl_lib.models.sft import BASE_MODELS, base_config, sft_checkpoint
+    from agentrl_lib.algorithms.sft import BASE_MODELS, checkpoint
 
-    names = args.names or list(BASE_MODELS) + list(AGENT_MODELS)
-    unknown = [n for n in names if n not in BASE_MODELS and n not in AGENT_MODELS]
+    names = args.names or list(BASE_MODELS)
+    unknown = [n for n in names if n not in BASE_MODELS]
     if unknown:  # unknown names fail before any training
         raise PipelineError(f"unknown model name(s) {', '.join(map(repr, unknown))}; known: "
-                            f"{', '.join(list(BASE_MODELS) + list(AGENT_MODELS))}")
+                            f"{', '.join(BASE_MODELS)}")
     for name in names:
         t0 = time.time()
-        if name in AGENT_MODELS:
-            path = agent_sft_checkpoint(AGENT_MODELS[name], verbose=not args.quiet)
-        else:
-            path = sft_checkpoint(base_config(name), verbose=not args.quiet)
+        path = checkpoint(BASE_MODELS[name], verbose=not args.quiet)
         print(f"{name}: {path} ({time.time() - t0:.1f} s)")
     return 0
 

@@ -1,16 +1,47 @@
-"""Rollouts: batched generation with log-probs, and the one place masks are built.
+"""Rollouts: the one place where token sequences, masks and log-probs are built, single- and
+multi-turn, and the multi-turn ``Episode`` record for every policy from a table to an LM.
 
-``generate`` samples completions for a batch of prompts with the KV cache: one forward pass over
-the left-padded prompts, then one token per step for the whole batch. It returns the per-token
-log-probs (of the distribution actually sampled from, i.e. after the temperature), entropies, and
-``completion_mask``, which is 1 up to and including the first end-of-sequence token.
+**Sequences.** ``Generation`` is the padded record every LM update trains on: prompts left-padded
+(``prompt_ids``, ``prompt_mask``, (B, P)), what follows right-padded (``completion_ids``, (B, T)),
+``completion_mask`` 1 on every real token after the prompt, ``loss_mask`` 1 on the tokens the policy
+generated, and the sampling ``logps``. Single-turn, the completion is the answer and the two masks
+are equal; multi-turn (``pad_episodes``), the completion is the rest of the conversation and
+``loss_mask`` is 1 only on the agent's actions, never on observations or template tokens.
 
-``sequence_logps`` recomputes the per-token log-probs of given completions with gradients: the
-training forward pass (one pass over prompt + completion).
+**Sampling.** One decoder on a KV cache serves both: ``generate`` prefills the prompts and decodes
+one completion each (the one-turn case); ``lm_rollout`` keeps the cache across turns and feeds only
+each turn's new tokens. Log-probs are those of the distribution actually sampled from (after the
+temperature). ``sequence_logps`` recomputes them with gradients: the training forward pass.
+
+**The conversation record.** A conversation is rendered with the tokenizer's chat template
+(ChatML for the tiny LM) and kept as token ids, never re-tokenised::
+
+    prompt_ids : <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{o_0}<|im_end|>\\n<|im_start|>assistant\\n
+    token_ids  : {a_0}<|im_end|> \\n<|im_start|>user\\n{o_1}<|im_end|>\\n<|im_start|>assistant\\n {a_1}<|im_end|> ...
+    loss_mask  :  1 1 1 ...  1     0 0 0 ...                                        0   1 1 ...   1
+
+``turn_spans[t]`` is the [start, end) of action t in ``token_ids``. An action cut by
+``max_new_tokens`` gets an end-of-turn token appended as a template token (mask 0), so the
+conversation stays well-formed. The environment's final observation is never seen by the agent and
+is not in ``token_ids``.
+
+**The batched multi-turn rollout.** All running environments are stepped together. Each turn feeds
+only the new tokens of every running conversation (the previous action's unfed last token and the
+observation segment), left-padded to a common length with attention 0 on the padding, then decodes
+the actions one token per step for the whole batch. Padding therefore sits *inside* the cached
+sequence (mask 0, never attended); positions count real tokens only, so each row sees exactly the
+positions and attention of its own unpadded conversation. Finished conversations leave the batch.
+``naive_rollout`` plays the same episodes one at a time and re-encodes the whole conversation each
+turn: the loop one would write first, kept for the benchmark and as a reference in the tests.
+
+**SFT examples.** ``chat_example`` and ``messages_example`` give (ids, loss mask) pairs of a
+prompt and its reference completion or of a whole tool-calling conversation; ``pad_examples``
+right-pads them for teacher forcing.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,15 +51,108 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 
+# --- chat formatting ------------------------------------------------------------------------------
+def token_ids(tokenizer, text: str) -> list[int]:
+    """The ids of ``text`` with no special tokens added (the template's markers are in the text)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def format_prompts(tokenizer, problems: list[dict]) -> list[str]:
+    """Each problem's ``prompt`` as a one-message chat, ready for the assistant's answer."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
+                                          add_generation_prompt=True, tokenize=False)
+            for p in problems]
+
+
+def prompt_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
+    """The first prompt: system message (if any) + the first observation + the generation prompt."""
+    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+        [{"role": "user", "content": observation}]
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+
+def observation_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
+    """The template text between an assistant's end-of-turn token and the next generation: for
+    ChatML ``"\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n"``. Derived from the
+    template itself (rendered with and without the new user turn), so other templates work as long
+    as they render a conversation as a prefix of its continuation."""
+    sys = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    base = sys + [{"role": "user", "content": "o"}, {"role": "assistant", "content": "A"}]
+    r1 = tokenizer.apply_chat_template(base, tokenize=False)
+    r2 = tokenizer.apply_chat_template(base + [{"role": "user", "content": observation}],
+                                       add_generation_prompt=True, tokenize=False)
+    end = "A" + tokenizer.eos_token
+    cut = r1.rfind(end)
+    if cut < 0 or not r2.startswith(r1[:cut + len(end)]):
+        raise ValueError("the chat template does not render an assistant turn as 'content + eos' "
+                         "followed by a prefix-stable continuation; lm_rollout needs that")
+    return r2[cut + len(end):]
+
+
+# --- SFT examples: (ids, loss mask) pairs ----------------------------------------------------------
+def chat_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+    """Token ids of chat(prompt) + completion + eos, and the loss mask (1 on completion + eos)."""
+    p_ids = token_ids(tokenizer, format_prompts(tokenizer, [{"prompt": prompt}])[0])
+    c_ids = token_ids(tokenizer, completion) + [tokenizer.eos_token_id]
+    return p_ids + c_ids, [0] * len(p_ids) + [1] * len(c_ids)
+
+
+def messages_example(tokenizer, messages: list[dict], tools=None,
+                     header: str = "<|im_start|>assistant\n") -> tuple[list[int], list[int]]:
+    """Token ids of a whole conversation and the loss mask: 1 on what each assistant message adds
+    to the rendering (its content, tool calls and end-of-turn token), 0 on its ``header`` and on the
+    newline after it, and on every other message. ``tools`` go to the chat template."""
+    head = len(token_ids(tokenizer, header))
+    ids, mask = [], []
+    for k in range(1, len(messages) + 1):
+        text = tokenizer.apply_chat_template(messages[:k], tools=tools, tokenize=False)
+        new = token_ids(tokenizer, text)[len(ids):]
+        ids += new
+        if messages[k - 1]["role"] != "assistant":
+            mask += [0] * len(new)
+        else:
+            mask += [0] * head + [1] * (len(new) - head - 1) + [0]
+    return ids, mask
+
+
+def pad_examples(examples: list[tuple[list[int], list[int]]], pad_id: int,
+                 device="cpu") -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad (ids, loss mask) pairs together (fine for teacher forcing): ids, attention mask and
+    loss mask, each (B, L)."""
+    L = max(len(x) for x, _ in examples)
+    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(examples), L)
+    attn = torch.zeros(len(examples), L, dtype=torch.long)
+    for i, (x, m) in enumerate(examples):
+        ids[i, :len(x)] = torch.tensor(x)
+        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+        attn[i, :len(x)] = 1
+    return ids.to(device), attn.to(device), mask.to(device)
+
+
+# --- the padded record of sampled sequences --------------------------------------------------------
 @dataclass
 class Generation:
     prompt_ids: Tensor  # (B, P) left-padded
     prompt_mask: Tensor  # (B, P)
     completion_ids: Tensor  # (B, T) right-padded with pad_id
-    completion_mask: Tensor  # (B, T) 1 up to and including the first eos
-    logps: Tensor  # (B, T) log pi(token) under the sampling distribution
-    entropies: Tensor  # (B, T) entropy of the sampling distribution at each step
-    texts: list[str]  # decoded completions, special tokens and padding removed
+    completion_mask: Tensor  # (B, T) 1 on every real token after the prompt
+    logps: Tensor  # (B, T) log pi(token) under the sampling distribution, 0 off loss_mask
+    entropies: Tensor | None = None  # (B, T) entropy of the sampling distribution at each step
+    texts: list[str] | None = None  # decoded completions, special tokens and padding removed
+    loss_mask: Tensor | None = None  # (B, T) 1 on policy tokens; None: completion_mask
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
+
+    def select(self, idx: Tensor) -> "Generation":
+        """The rows ``idx`` (a (K,) index tensor) of every field."""
+        pick = lambda x: None if x is None else x[idx]  # noqa: E731
+        texts = None if self.texts is None else [self.texts[i] for i in idx.tolist()]
+        return Generation(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                          self.completion_mask[idx], self.logps[idx], pick(self.entropies), texts,
+                          self.loss_mask[idx])
 
 
 def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> tuple[Tensor, Tensor]:
@@ -49,6 +173,7 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_id: int) -> Tensor:
     return (eos_before == 0).long()
 
 
+# --- the decoder: a KV cache, prefill and token-by-token sampling ---------------------------------
 def sample_next(logits: Tensor, temperature: float = 1.0, greedy: bool = False,
                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """One decoding step: (token (B,), log-probs of the sampling distribution (B, V)) from the
@@ -65,70 +190,151 @@ def sample_next(logits: Tensor, temperature: float = 1.0, greedy: bool = False,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), logp_all
 
 
+@dataclass
+class _Cache:
+    """The running sequences' KV cache. attn: (B, L) 1 on real tokens (padding sits inside the
+    sequence with 0); next_pos: (B,) position of each row's next real token."""
+    kv: object = None
+    attn: Tensor | None = None
+    next_pos: Tensor | None = None
+
+    def select(self, idx: Tensor) -> None:
+        if self.kv is not None:
+            self.kv.batch_select_indices(idx)
+            self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+
+
+def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
+    """Append left-padded segments ids (B, S) with mask (B, S) to the cache; returns the
+    next-token logits (B, V) after each row's last real token."""
+    if state.kv is None:
+        state.attn = seg_mask
+        state.next_pos = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+    else:
+        state.attn = torch.cat([state.attn, seg_mask], 1)
+    pos = (state.next_pos[:, None] + seg_mask.cumsum(-1) - 1).clamp(min=0)  # (B, S) real tokens only
+    out = model(input_ids=ids, attention_mask=state.attn, position_ids=pos,
+                past_key_values=state.kv, use_cache=True)
+    state.kv = out.past_key_values
+    state.next_pos = state.next_pos + seg_mask.sum(-1)
+    return out.logits[:, -1]
+
+
+def _feed(model, state: _Cache, segments: list[list[int]], pad_id: int) -> Tensor:
+    """``_prefill`` of token-id lists, left-padded to a common length."""
+    device = next(model.parameters()).device
+    S = max(len(s) for s in segments)
+    ids = torch.full((len(segments), S), pad_id, dtype=torch.long)
+    seg_mask = torch.zeros(len(segments), S, dtype=torch.long)
+    for i, s in enumerate(segments):
+        ids[i, S - len(s):] = torch.tensor(s, dtype=torch.long)
+        seg_mask[i, S - len(s):] = 1
+    return _prefill(model, state, ids.to(device), seg_mask.to(device))
+
+
+def _decode(model, state: _Cache, logits: Tensor, max_new_tokens: int, temperature: float,
+            greedy: bool, generator, eos_id: int, pad_id: int):
+    """Sample one continuation per row, one token per step for the whole batch, on the cache.
+    A row that has sampled ``eos_id`` feeds padding with attention 0 from then on.
+
+    Returns (tokens, logps, entropies), each (B, T) with pad / 0 after a row's eos, and
+    ``unfed`` (B,): rows whose last sampled token is not yet in the cache (decoding stopped
+    right after it).
+    """
+    B = logits.shape[0]
+    done = torch.zeros(B, dtype=torch.bool, device=logits.device)
+    toks, lps, ents = [], [], []
+    unfed = done
+    for step in range(max_new_tokens):
+        tok, logp_all = sample_next(logits, temperature, greedy, generator)  # (B,), (B, V)
+        live = ~done  # rows whose token this step is real
+        tok = torch.where(live, tok, torch.full_like(tok, pad_id))
+        toks.append(tok)
+        lps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
+        ents.append(-(logp_all.exp() * logp_all).sum(-1))
+        done = done | (tok == eos_id)
+        if done.all() or step == max_new_tokens - 1:
+            unfed = live
+            break
+        # finished rows feed a pad with attention 0: the cache grows in lock-step, they see nothing
+        state.attn = torch.cat([state.attn, live.long()[:, None]], 1)
+        out = model(input_ids=tok[:, None], attention_mask=state.attn,
+                    position_ids=state.next_pos[:, None], past_key_values=state.kv, use_cache=True)
+        state.kv, logits = out.past_key_values, out.logits[:, -1]
+        state.next_pos = state.next_pos + live.long()
+    return torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(ents, 1), unfed
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
              temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None) -> Generation:
-    """Sample one completion per prompt (repeat prompts for a group). Uses the KV cache."""
+    """Sample one completion per prompt (repeat prompts for a group): one prefill of the
+    left-padded prompts, then one token per step for the whole batch. ``completion_mask`` is 1 up to
+    and including the first end-of-sequence token."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
-    B = prompt_ids.shape[0]
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    attn = prompt_mask.clone()
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, P) positions ignore left padding
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]  # (B, V)
-    next_pos = pos[:, -1:] + 1  # (B, 1)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    ids, logps, ents = [], [], []
-    for _ in range(max_new_tokens):
-        tok, logp_all = sample_next(logits, temperature, greedy, generator)  # (B,), (B, V)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        ids.append(tok)
-        logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
-        ents.append(-(logp_all.exp() * logp_all).sum(-1))
-        done = done | (tok == eos_id)
-        if done.all():
-            break
-        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], 1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
-    completion_ids = torch.stack(ids, 1)  # (B, T)
+    state = _Cache()
+    logits = _prefill(model, state, prompt_ids, prompt_mask.clone())
+    completion_ids, logps, ents, _ = _decode(model, state, logits, max_new_tokens, temperature,
+                                             greedy, generator, eos_id, pad_id)  # (B, T) each
     mask = completion_mask_from_ids(completion_ids, eos_id)
-    logps_t = torch.stack(logps, 1) * mask
-    ents_t = torch.stack(ents, 1) * mask
     texts = tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask),
                                    skip_special_tokens=True)
-    return Generation(prompt_ids, prompt_mask, completion_ids, mask, logps_t, ents_t, texts)
+    return Generation(prompt_ids, prompt_mask, completion_ids, mask, logps * mask, ents * mask, texts)
+
+
+# --- log-probs with gradients: the training forward pass -------------------------------------------
+def logps_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """log pi(ids) and the entropy at each position from logits (B, T, V) that predict ids (B, T),
+    at ``temperature``. Returns (logps, entropies), each (B, T)."""
+    logp_all = F.log_softmax(logits.float() / temperature, -1)  # (B, T, V)
+    logps = logp_all.gather(-1, ids[..., None]).squeeze(-1)  # (B, T)
+    ents = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    return logps, ents
+
+
+def join_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                   completion_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Prompt + completion as one sequence: (ids, attention mask, positions), each (B, P+T);
+    positions count real tokens only, so left padding does not shift them. The logits that predict
+    completion token t are at position P - 1 + t."""
+    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
+    attn = torch.cat([prompt_mask, completion_mask], 1)  # (B, P+T)
+    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
 def sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                   completion_mask: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients.
+                   completion_mask: Tensor, temperature: float = 1.0,
+                   loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients,
+    in one forward pass over prompt + completion.
 
-    Returns (logps, entropies), each (B, T), zero where completion_mask is 0.
+    Returns (logps, entropies), each (B, T), zero where completion_mask (and loss_mask, if given)
+    is 0.
     """
-    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
-    attn = torch.cat([prompt_mask, completion_mask], 1)  # (B, P+T)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, P+T, V)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    logits = logits[:, P - 1:P + T - 1].float() / temperature  # predicts each completion token
-    logp_all = F.log_softmax(logits, -1)  # (B, T, V)
-    logps = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1)  # (B, T)
-    ents = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    logps, ents = logps_from_logits(logits[:, P - 1:P + T - 1], completion_ids, temperature)
     m = completion_mask.to(logps.dtype)
-    return logps * m, ents * m
+    logps, ents = logps * m, ents * m
+    if loss_mask is not None:
+        logps, ents = logps * loss_mask, ents * loss_mask
+    return logps, ents
+
+
+def generation_logps(model, g: Generation, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``sequence_logps`` of a ``Generation`` record (zero off its loss mask)."""
+    return sequence_logps(model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask,
+                          temperature, g.loss_mask)
 
 
 # --- multi-turn episodes --------------------------------------------------------------------------
 # One record for every multi-turn policy, from a table to an LM. Index t is the turn. Turn-level
-# fields are always filled; the token-level fields only by LM rollouts (``lm_rollout``), where the
-# whole conversation after the first prompt is one token sequence and ``loss_mask`` is 1 exactly on
-# the tokens the agent generated (never on environment observations or chat-template tokens).
-
-
+# fields are always filled; the token-level fields only by LM rollouts (``lm_rollout``) and
+# ``text_episodes_to_tokens``; positions index ``token_ids``.
 @dataclass
 class Episode:
     observations: list  # o_t: the text the agent saw before acting at turn t, (T,)
@@ -143,7 +349,6 @@ class Episode:
     next_state_key: object = None  # state key after the last step
     truncated: bool = False  # ended by the turn cap rather than by the task
     action_ids: list | None = None  # index into env.actions, for symbolic policies
-    # token level (LM rollouts); positions index ``token_ids``
     prompt_ids: list | None = None  # the first prompt (system + o_0), not trained on
     token_ids: list | None = None  # agent turns and observations after the first prompt (N,)
     loss_mask: list | None = None  # 1 on agent-generated tokens, 0 on environment tokens (N,)
@@ -152,6 +357,21 @@ class Episode:
 
     def __len__(self) -> int:
         return len(self.actions)
+
+    @classmethod
+    def of(cls, state_keys, rewards, group_id: int = 0, **fields) -> "Episode":
+        """A hand-made episode for worked examples: one state key and one reward per turn,
+        observations 'o', actions 'a', every action valid, unless ``fields`` say otherwise.
+
+        >>> ep = Episode.of(["s", "x"], [0.0, 1.0]); (len(ep), ep.ret, ep.valid)
+        (2, 1.0, [True, True])
+        """
+        n = len(rewards)
+        record = dict(observations=["o"] * n, actions=["a"] * n, rewards=list(rewards),
+                      state_keys=list(state_keys), valid=[True] * n, infos=[{}] * n,
+                      group_id=group_id)
+        record.update(fields)
+        return cls(**record)
 
     @property
     def ret(self) -> float:
@@ -216,15 +436,202 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
     return episodes
 
 
-def tabular_agent(probs, index, generator: np.random.Generator | None = None):
-    """A policy for ``play_episodes`` from a table: ``probs[index(env)]`` is the action
-    distribution (over ``env.actions``) in env's current state.
+def _system_prompt(env, system_prompt):
+    """None: the environment's own ``system_prompt`` attribute (none when it has none); "" none."""
+    return getattr(env, "system_prompt", None) if system_prompt is None else system_prompt
 
-    probs: (S, A) array or tensor; index: env -> row (e.g. ``lambda e: e.state_index()``).
+
+def _new_episodes(make_env, seeds, group_size):
+    envs, episodes = [], []
+    for gid, seed in enumerate(seeds):
+        for _ in range(group_size):
+            env = make_env()
+            obs = env.reset(seed=int(seed))
+            envs.append(env)
+            episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
+                                    task=getattr(env, "task", None), prompt_ids=[], token_ids=[],
+                                    loss_mask=[], logps=[], turn_spans=[]))
+    return envs, episodes
+
+
+@torch.no_grad()
+def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
+          generator, system_prompt, reuse_cache: bool, timers: dict | None = None):
+    """Step ``envs`` together (fills ``episodes`` in place). reuse_cache=False re-encodes each
+    conversation from its first token every turn (the naive loop)."""
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    timers = timers if timers is not None else {}
+    tick = time.perf_counter
+
+    def add(key, t0):
+        timers[key] = timers.get(key, 0.0) + tick() - t0
+
+    t0 = tick()
+    for ep in episodes:
+        ep.prompt_ids = token_ids(tokenizer, prompt_text(tokenizer, ep.observations[0], system_prompt))
+    pending = [list(ep.prompt_ids) for ep in episodes]  # tokens of each row not yet in the cache
+    add("tokenizer", t0)
+    running = list(range(len(envs)))
+    record_end = {}
+    state = _Cache()
+    turn = 0
+    while running and (max_turns is None or turn < max_turns):
+        t0 = tick()
+        if reuse_cache:
+            segments = [pending[i] for i in running]
+        else:  # the naive loop: a fresh cache and the whole conversation every turn
+            state = _Cache()
+            segments = [episodes[i].prompt_ids + episodes[i].token_ids for i in running]
+        logits = _feed(model, state, segments, pad_id)
+        add("prefill", t0)
+        t0 = tick()
+        toks, lps, _, unfed = _decode(model, state, logits, max_new_tokens, temperature, greedy,
+                                      generator, eos_id, pad_id)
+        toks, lps, unfed = toks.cpu(), lps.cpu(), unfed.cpu()  # (B, T), (B, T), (B,)
+        add("decode", t0)
+        still = []
+        for k, i in enumerate(running):
+            ep, env = episodes[i], envs[i]
+            t0 = tick()
+            row = toks[k].tolist()
+            n = row.index(eos_id) + 1 if eos_id in row else len(row)
+            ids, ended = row[:n], eos_id in row[:n]
+            start = len(ep.token_ids)
+            ep.token_ids += ids
+            ep.loss_mask += [1] * len(ids)
+            ep.logps += lps[k, :n].tolist()
+            ep.turn_spans.append((start, len(ep.token_ids)))
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            add("tokenizer", t0)
+            t0 = tick()
+            obs, r, done, info = env.step(text)
+            add("env", t0)
+            ep.actions.append(text)
+            ep.rewards.append(float(r))
+            ep.valid.append(bool(info["valid"]))
+            ep.infos.append(info)
+            carry = [ids[-1]] if bool(unfed[k]) else []  # sampled but not yet in the cache
+            if not ended:  # cut by max_new_tokens: close the turn with a template eos (mask 0)
+                ep.token_ids.append(eos_id)
+                ep.loss_mask.append(0)
+                ep.logps.append(0.0)
+                carry.append(eos_id)
+            if done:
+                ep.final_observation, ep.next_state_key = obs, info["state_key"]
+                ep.truncated = bool(info.get("truncated", False))
+                continue
+            ep.observations.append(obs)
+            ep.state_keys.append(info["state_key"])
+            still.append((k, i))
+            t0 = tick()
+            seg = token_ids(tokenizer, observation_text(tokenizer, obs, system_prompt))
+            add("tokenizer", t0)
+            record_end[i] = len(ep.token_ids)
+            ep.token_ids += seg
+            ep.loss_mask += [0] * len(seg)
+            ep.logps += [0.0] * len(seg)
+            pending[i] = carry + seg
+        if reuse_cache and still and len(still) < len(running):
+            state.select(torch.tensor([k for k, _ in still], device=state.attn.device))
+        running, turn = [i for _, i in still], turn + 1
+    for i in running:  # stopped by max_turns: drop the observation the agent never answered
+        ep = episodes[i]
+        ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
+        ep.truncated = True
+        del ep.token_ids[record_end[i]:], ep.loss_mask[record_end[i]:], ep.logps[record_end[i]:]
+    return episodes
+
+
+def lm_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1,
+               max_turns: int | None = None, max_new_tokens: int = 8, temperature: float = 1.0,
+               generator: torch.Generator | None = None, system_prompt: str | None = None,
+               greedy: bool = False, timers: dict | None = None) -> list[Episode]:
+    """Play ``len(seeds) * group_size`` episodes with the LM, every running environment stepped
+    together, one batched generation per turn on a KV cache kept across turns. Group i is
+    ``group_size`` episodes reset with ``seeds[i]``. Returns token-level ``Episode`` records.
+
+    system_prompt: None uses the environment's ``system_prompt`` attribute, "" none.
+    timers: optional dict that accumulates seconds per phase (prefill, decode, env, tokenizer).
     """
-    rng = generator if generator is not None else np.random.default_rng()
-    table = np.asarray(probs.detach().cpu() if hasattr(probs, "detach") else probs, dtype=float)
+    model.eval()
+    envs, episodes = _new_episodes(make_env, seeds, group_size)
+    return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
+                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers)
 
-    def act(envs, observations):
-        return [int(rng.choice(table.shape[1], p=table[index(e)])) for e in envs]
-    return act
+
+def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1,
+                  max_turns: int | None = None, max_new_tokens: int = 8, temperature: float = 1.0,
+                  generator: torch.Generator | None = None, system_prompt: str | None = None,
+                  greedy: bool = False, timers: dict | None = None) -> list[Episode]:
+    """The same episodes one at a time, re-encoding the whole conversation each turn (the KV cache
+    only within a turn's generation). Same records as ``lm_rollout``; for the benchmark."""
+    model.eval()
+    out = []
+    for gid, seed in enumerate(seeds):
+        for _ in range(group_size):
+            envs, eps = _new_episodes(make_env, [seed], 1)
+            eps[0].group_id = gid
+            out += _play(model, tokenizer, envs, eps, max_turns, max_new_tokens, temperature,
+                         greedy, generator, _system_prompt(envs[0], system_prompt),
+                         reuse_cache=False, timers=timers)
+    return out
+
+
+def text_episodes_to_tokens(tokenizer, episodes, system_prompt: str | None = None):
+    """Fill the token-level fields of episodes played by a non-LM policy (text actions), exactly
+    as ``lm_rollout`` would have recorded them had the model generated those actions: for SFT on
+    scripted trajectories. logps are left at 0. system_prompt: "" or None for none."""
+    eos_id = tokenizer.eos_token_id
+    for ep in episodes:
+        ep.prompt_ids = token_ids(tokenizer, prompt_text(tokenizer, ep.observations[0], system_prompt))
+        ep.token_ids, ep.loss_mask, ep.turn_spans = [], [], []
+        for t, a in enumerate(ep.actions):
+            if t > 0:
+                seg = token_ids(tokenizer, observation_text(tokenizer, ep.observations[t], system_prompt))
+                ep.token_ids += seg
+                ep.loss_mask += [0] * len(seg)
+            ids = token_ids(tokenizer, a) + [eos_id]
+            ep.turn_spans.append((len(ep.token_ids), len(ep.token_ids) + len(ids)))
+            ep.token_ids += ids
+            ep.loss_mask += [1] * len(ids)
+        ep.logps = [0.0] * len(ep.token_ids)
+    return episodes
+
+
+def pad_episodes(episodes, pad_id: int, device="cpu") -> Generation:
+    """Token-level episodes as one ``Generation``: the first prompts left-padded (B, P); the rest of
+    each conversation right-padded (B, N) with ``completion_mask`` 1 on its real tokens and
+    ``loss_mask`` 1 on the agent's; the sampling ``logps`` (0 elsewhere). Built on ``device``."""
+    B = len(episodes)
+    P = max(len(ep.prompt_ids) for ep in episodes)
+    N = max(max(len(ep.token_ids) for ep in episodes), 1)
+    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    ids = torch.full((B, N), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, N, dtype=torch.long)
+    loss_mask = torch.zeros(B, N)
+    logps = torch.zeros(B, N)
+    for i, ep in enumerate(episodes):
+        p, n = len(ep.prompt_ids), len(ep.token_ids)
+        prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.tensor(ep.prompt_ids), 1
+        if n:
+            ids[i, :n], attn[i, :n] = torch.tensor(ep.token_ids), 1
+            loss_mask[i, :n] = torch.tensor(ep.loss_mask, dtype=torch.float)
+            logps[i, :n] = torch.tensor(ep.logps, dtype=torch.float)
+    to = lambda x: x.to(device)  # noqa: E731
+    return Generation(to(prompt_ids), to(prompt_mask), to(ids), to(attn), to(logps),
+                      loss_mask=to(loss_mask))
+
+
+def episode_logps(model, episodes, temperature: float = 1.0, pad_id: int | None = None):
+    """log pi_theta(token_n | everything before it) for every token of each conversation, with
+    gradients, in one forward pass; zero off the loss mask.
+
+    Returns (logps, entropies, loss_mask), each (B, N) aligned with ``token_ids`` (right-padded).
+    """
+    device = next(model.parameters()).device
+    if pad_id is None:
+        pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    g = pad_episodes(episodes, pad_id, device)
+    logps, ents = generation_logps(model, g, temperature)
+    return logps, ents, g.loss_mask

@@ -1,4 +1,4 @@
-"""Seeding, device choice and the JSONL metrics logger."""
+"""Seeding, device choice, the one optimizer step, and the JSONL metrics logger."""
 
 from __future__ import annotations
 
@@ -39,6 +39,22 @@ def pick_device(device: str = "auto") -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} was asked for but torch sees no CUDA device")
     return device
+
+
+def optimizer_step(optimizer, loss, max_grad_norm: float | None = None, clip_groups=None) -> None:
+    """One gradient step: zero the gradients, backpropagate ``loss``, clip the gradient norm to
+    ``max_grad_norm`` (None: no clipping), step. The norm is taken over all of the optimizer's
+    parameters together, or over each list of parameters in ``clip_groups`` on its own (so that a
+    large value gradient cannot shrink the policy's step)."""
+    import torch
+
+    optimizer.zero_grad()
+    loss.backward()
+    if max_grad_norm is not None:
+        groups = clip_groups or [[p for g in optimizer.param_groups for p in g["params"]]]
+        for params in groups:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
 
 
 class MetricsLogger:

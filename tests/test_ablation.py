@@ -5,16 +5,16 @@ import math
 import pytest
 import torch
 
-from agentrl_lib.algorithms import ablation
-from agentrl_lib.algorithms.ablation import ArmRun, mean_se, trick_arms, trick_effects
 from agentrl_lib.algorithms.grpo import GRPOConfig, preset
+from agentrl_lib.analysis import ablation
+from agentrl_lib.analysis.ablation import ArmRun, mean_se, trick_arms, trick_effects
 
 
 def test_arms_switch_one_field_from_grpo():
     arms = trick_arms(lr=3e-4, num_iters=7)
     base = arms["GRPO"]
     assert base == preset("grpo", lr=3e-4, num_iters=7)
-    one_field = {"GRPO + batch std": ("advantage", "lite_ppo"), "GRPO - std": ("advantage", "dr_grpo"),
+    one_field = {"GRPO + batch std": ("estimator", "lite_ppo"), "GRPO - std": ("estimator", "dr_grpo"),
                  "GRPO + token-mean": ("loss_agg", "token_mean"),
                  "GRPO + clip-higher": ("clip_eps_high", 0.28),
                  "GRPO + overlong filter": ("overlong_filter", True)}
@@ -24,7 +24,7 @@ def test_arms_switch_one_field_from_grpo():
         assert diff == [f] and getattr(arms[name], f) == v, (name, diff)
     assert arms["Lite-PPO"] == preset("lite_ppo", lr=3e-4, num_iters=7)
     assert arms["DAPO"] == preset("dapo", lr=3e-4, num_iters=7)
-    assert arms["REINFORCE"].advantage == "reinforce_baseline"
+    assert arms["REINFORCE"].estimator == "batch_mean"
     assert all(a.lr == 3e-4 and a.num_iters == 7 for a in arms.values())
     assert trick_arms(clip_eps_high=0.3)["DAPO"].clip_eps_high == 0.3
 
@@ -73,10 +73,10 @@ def test_tiny_grid_end_to_end_and_shared_random_numbers():
     assert len({r.start_acc for r in runs}) == 1 and all(r.cfg.seed == 5 for r in runs)
     assert by["GRPO"].eval_acc == by["GRPO again"].eval_acc
     assert by["GRPO"].task_reward == by["GRPO again"].task_reward
-    assert by["GRPO"].curve("reward") == by["GRPO"].task_reward  # no shaping in GRPO
+    assert by["GRPO"].curve("rollout/reward") == by["GRPO"].task_reward  # no shaping in GRPO
     # DAPO's logged reward carries the soft overlong penalty, its task reward does not
     dapo = by["DAPO"]
-    assert all(r <= t + 1e-9 for r, t in zip(dapo.curve("reward"), dapo.task_reward))
+    assert all(r <= t + 1e-9 for r, t in zip(dapo.curve("rollout/reward"), dapo.task_reward))
     assert trick_effects(runs)[("GRPO again", 1)] == [0.0]
 
 

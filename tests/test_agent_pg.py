@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from agentrl_lib.algorithms import agent_pg, credit
-from agentrl_lib.algorithms.agent_pg import AgentPGConfig, KeyTablePolicy
+from agentrl_lib.algorithms.agent_pg import AgentPGConfig
 from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.models.policies import KeyTablePolicy
 from agentrl_lib.rollout import play_episodes
 
 LAYOUT = ["....", ".#..", "...."]
@@ -47,7 +48,7 @@ def test_estimate_dispatch_and_bad_name():
 def test_fit_critic_moves_toward_returns():
     eps = play_episodes(make_env, KeyTablePolicy(4).act, [0], group_size=2)
     critic = agent_pg.fit_critic({}, eps[:1], gamma=0.5, step=1.0)
-    g = credit.returns_to_go(eps[0].rewards, 0.5)
+    g = credit.episode_returns_to_go(eps[:1], 0.5)[0]
     last = {}
     for k, v in zip(eps[0].state_keys, g):
         last[k] = v  # with step 1 the last visit wins
@@ -57,10 +58,10 @@ def test_fit_critic_moves_toward_returns():
 @pytest.mark.parametrize("estimator", ["grpo", "gigpo", "turn_gae"])
 def test_training_raises_success(estimator):
     pol = KeyTablePolicy(4, seed=1)
-    cfg = AgentPGConfig(num_iters=30, num_tasks=2, group_size=8, lr=0.3, estimator=estimator,
+    cfg = AgentPGConfig(num_iters=30, num_prompts=2, group_size=8, lr=0.3, estimator=estimator,
                         seed=1)
     before = agent_pg.evaluate(make_env, pol, [0, 1, 2, 3], greedy=False)
     hist = agent_pg.train(make_env, pol, cfg, train_seeds=[0, 1])
-    after = np.mean([h["success"] for h in hist[-5:]])
-    assert after > before["eval_success"] + 0.3, (estimator, before, after)
+    after = np.mean([h["rollout/success"] for h in hist[-5:]])
+    assert after > before["success"] + 0.3, (estimator, before, after)
     assert hist[-1]["episodes"] == 30 * 16

@@ -8,9 +8,8 @@ from agentrl_lib.algorithms import agent_pg, archer
 from agentrl_lib.algorithms.archer import ArcherConfig
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
-from agentrl_lib.rollout import Episode, play_episodes, tabular_agent
-
-torch.set_num_threads(1)  # tiny tensors; the machine is shared
+from agentrl_lib.models.policies import KeyTablePolicy, tabular_agent
+from agentrl_lib.rollout import Episode, play_episodes
 
 
 def test_td_and_v_targets_by_hand():
@@ -51,10 +50,8 @@ def test_advantage_takes_the_min_over_members_and_actor_loss_sign():
 
 
 def _episode(keys, actions, rewards, next_key, truncated, valid=None):
-    T = len(actions)
-    return Episode(observations=[""] * T, actions=[""] * T, rewards=rewards, state_keys=keys,
-                   valid=valid or [True] * T, infos=[{}] * T, next_state_key=next_key,
-                   truncated=truncated, action_ids=actions)
+    return Episode.of(keys, rewards, valid=valid or [True] * len(actions), next_state_key=next_key,
+                      truncated=truncated, action_ids=actions)
 
 
 def test_episode_transitions_done_flags_and_malformed_column():
@@ -109,7 +106,7 @@ def test_actor_step_raises_the_probability_of_a_positive_advantage_action():
         critic.net.q_head.weight[row] = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
         critic.net.v_head.weight[row] = torch.tensor([0.5, 0.5])
     critic.buffer.add([("s", 0, 0.0, "t", 1.0)])
-    policy = agent_pg.KeyTablePolicy(2, capacity=4)
+    policy = KeyTablePolicy(2, capacity=4)
     before = policy.probs(["s"])[0, 0].item()
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     for _ in range(5):
@@ -131,7 +128,7 @@ def test_train_runs_and_learns_on_twenty_questions():
     make_env = lambda: TwentyQuestionsEnv(max_turns=5)  # noqa: E731
     env = make_env()
     A = len(env.actions)
-    policy = agent_pg.KeyTablePolicy(A, capacity=4096, seed=0)
+    policy = KeyTablePolicy(A, capacity=4096, seed=0)
     uniform = env.success_probability(lambda k: np.ones(A) / A)
     cfg = ArcherConfig(num_iters=15, episodes_per_iter=16, critic_lr=0.02, actor_lr=0.03,
                        critic_updates=20, actor_updates=20, bootstrap_truncated=False, seed=0)

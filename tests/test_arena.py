@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl_lib.algorithms import arena
+from agentrl_lib.algorithms import dp
+from agentrl_lib.analysis import arena
 from agentrl_lib.envs import tabular as T
 from agentrl_lib.rollout import Episode
 
 
 def _ep(keys, rewards):
-    n = len(rewards)
-    return Episode(observations=[""] * n, actions=["a"] * n, rewards=list(rewards),
-                   state_keys=list(keys), valid=[True] * n, infos=[{}] * n)
+    return Episode.of(keys, rewards)
 
 
 def test_pearson_spearman_by_hand():
@@ -74,11 +73,11 @@ def test_finite_horizon_matches_infinite_and_hand():
     mdp = T.gridworld(["S..", ".#.", "..G"], slip=0.2, gamma=0.9)
     pi = torch.softmax(torch.randn(mdp.num_states, mdp.num_actions, dtype=torch.float64,
                                    generator=torch.Generator().manual_seed(0)), -1)
-    adv, val = arena.finite_horizon_advantages(mdp, pi, 400)
+    adv, val = dp.finite_horizon_advantages(mdp, pi, 400)
     assert adv.shape == (400, 9, 4) and val.shape == (400, 9)
     # far from the cap the time-limited values are the stationary ones
-    assert torch.allclose(adv[0], T.advantages(mdp, pi), atol=1e-10)
-    assert torch.allclose(val[0], T.policy_evaluation(mdp, pi), atol=1e-10)
+    assert torch.allclose(adv[0], dp.advantages(mdp, pi), atol=1e-10)
+    assert torch.allclose(val[0], dp.policy_evaluation(mdp, pi), atol=1e-10)
     # one turn left: A = R - sum_a pi R (0 at the terminal goal)
     r = mdp.R * (~mdp.terminal)[:, None]
     assert torch.allclose(adv[-1], r - (pi * r).sum(-1, keepdim=True))
@@ -91,14 +90,14 @@ def test_deterministic_chain_by_hand():
     # corridor S . G, gamma 0.5, uniform over (left, down, right, up); from the cell next to G
     # with 1 turn left: Q(right) = 1, others 0 -> V = 0.25, A(right) = 0.75, A(left) = -0.25
     mdp = T.gridworld(["S.G"], gamma=0.5)
-    pi = T.uniform_policy(mdp)
-    adv, val = arena.finite_horizon_advantages(mdp, pi, 2)
+    pi = dp.uniform_policy(mdp)
+    adv, val = dp.finite_horizon_advantages(mdp, pi, 2)
     assert val[1, 1].item() == pytest.approx(0.25)
     assert adv[1, 1].tolist() == pytest.approx([-0.25, -0.25, 0.75, -0.25])
     # from the start with 2 turns left: only 'right' then 'right' pays gamma * 1
     # Q(right) = 0.5 * V_1(cell 1) = 0.125, Q(other) = 0.5 * V_1(cell 0) = 0
     assert adv[0, 0].tolist() == pytest.approx([-0.03125, -0.03125, 0.09375, -0.03125])
-    d = arena.alive_distribution(mdp, pi, 2)
+    d = dp.alive_distribution(mdp, pi, 2)
     assert d[0].tolist() == [1.0, 0.0, 0.0] and d[1].tolist() == [0.75, 0.25, 0.0]
 
 
@@ -111,7 +110,7 @@ def test_pg_direction_by_hand_and_against_sampling():
     mdp = T.gridworld(["S.", ".G"], slip=0.1, gamma=0.9)
     pi = torch.softmax(torch.tensor([[0.3, 1.0, 0.2, -0.5]] * 4, dtype=torch.float64), -1)
     H = 3
-    adv, _ = arena.finite_horizon_advantages(mdp, pi, H)
+    adv, _ = dp.finite_horizon_advantages(mdp, pi, H)
     rng = np.random.default_rng(0)
     rows, acts, advs, n = [], [], [], 6000
     for _ in range(n):
@@ -123,7 +122,7 @@ def test_pg_direction_by_hand_and_against_sampling():
             if term:
                 break
     g_hat = arena.pg_direction(rows, acts, advs, pi.numpy(), 4, n)
-    g = arena.exact_pg_direction(mdp, pi, H).numpy()
+    g = dp.exact_pg_direction(mdp, pi, H).numpy()
     assert arena.cosine(g_hat, g) > 0.98
     assert np.abs(g_hat - g).max() < 0.02
 

@@ -51,7 +51,7 @@ def test_grpo_advantages_conventions():
     expect = torch.tensor([[0.5, -0.5, -0.5, 0.5]]) / (std1 + 1e-4)
     assert torch.allclose(core.grpo_advantages(r), expect)
     assert torch.allclose(core.grpo_advantages(r, ddof=0), torch.tensor([[0.5, -0.5, -0.5, 0.5]]) / 0.5001)
-    assert torch.allclose(core.grpo_advantages(r, scale=False), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
+    assert torch.allclose(core.grpo_advantages(r, norm_adv=False), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
     assert torch.equal(core.grpo_advantages(torch.ones(2, 5)), torch.zeros(2, 5))  # no signal
 
 

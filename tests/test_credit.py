@@ -7,13 +7,12 @@ import torch
 from agentrl_lib.algorithms import credit
 from agentrl_lib.core import grpo_advantages
 from agentrl_lib.envs.multiturn import GridAgentEnv
-from agentrl_lib.rollout import Episode, play_episodes, tabular_agent
+from agentrl_lib.models.policies import tabular_agent
+from agentrl_lib.rollout import Episode, play_episodes
 
 
 def ep(keys, rewards, gid=0, truncated=False):
-    n = len(rewards)
-    return Episode(["o"] * n, ["a"] * n, list(rewards), list(keys), [True] * n, [{}] * n,
-                   group_id=gid, truncated=truncated)
+    return Episode.of(keys, rewards, gid, truncated=truncated)
 
 
 def test_play_episodes_record_is_consistent():
@@ -52,11 +51,11 @@ def test_gigpo_step_groups_by_hand():
     e1 = ep(["s", "y", "z"], [0.0, 0.0, 0.0])
     e2 = ep(["s"], [1.0], gid=1)  # another group: never mixed with group 0
     gamma = 0.5
-    a_s = credit.step_advantages([e0, e1, e2], gamma=gamma, scale=False)
+    a_s = credit.step_advantages([e0, e1, e2], gamma=gamma, norm_adv=False)
     # anchor "s" in group 0: returns-to-go 0.5 (ep0) and 0 (ep1) -> +-0.25; singletons get 0
     assert np.allclose(a_s[0], [0.25, 0.0]) and np.allclose(a_s[1], [-0.25, 0.0, 0.0])
     assert np.allclose(a_s[2], [0.0])
-    a = credit.gigpo_advantages([e0, e1, e2], gamma=gamma, omega=2.0, scale=False)
+    a = credit.gigpo_advantages([e0, e1, e2], gamma=gamma, omega=2.0, norm_adv=False)
     assert np.allclose(a[0], 0.5 + 2 * np.array([0.25, 0.0]))
     assert np.allclose(a[1], -0.5 + 2 * np.array([-0.25, 0.0, 0.0]))
     assert np.allclose(a[2], [0.0])  # one-episode group: no episode signal

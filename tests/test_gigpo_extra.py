@@ -7,18 +7,16 @@ from agentrl_lib.rollout import Episode
 
 
 def ep(keys, rewards, gid=0, obs=None):
-    n = len(rewards)
-    return Episode(list(obs) if obs else ["o"] * n, ["a"] * n, list(rewards), list(keys),
-                   [True] * n, [{}] * n, group_id=gid)
+    return Episode.of(keys, rewards, gid, **({"observations": list(obs)} if obs else {}))
 
 
 def test_step_advantage_std_mode_by_hand():
     # anchor "s": returns-to-go 0.5 and 0 (gamma 0.5): centred +-0.25, std(ddof=1) = 0.5/sqrt(2)
     e0, e1 = ep(["s", "x"], [0.0, 1.0]), ep(["s", "y"], [0.0, 0.0])
-    a_s = credit.step_advantages([e0, e1], gamma=0.5, scale=True, eps=0.0)
+    a_s = credit.step_advantages([e0, e1], gamma=0.5, norm_adv=True, eps=0.0)
     assert np.allclose(a_s[0], [1 / np.sqrt(2), 0.0]) and np.allclose(a_s[1], [-1 / np.sqrt(2), 0.0])
     # equal returns in an anchor group: zero, not nan (eps keeps the division finite)
-    flat = credit.step_advantages([ep(["s"], [0.0]), ep(["s"], [0.0])], scale=True)
+    flat = credit.step_advantages([ep(["s"], [0.0]), ep(["s"], [0.0])], norm_adv=True)
     assert np.allclose(np.concatenate(flat), 0.0)
 
 
@@ -38,10 +36,10 @@ def test_omega_zero_is_grpo_and_step_term_is_additive():
     eps = [ep(["s", "x", "s"], [0, 0, 1]), ep(["s", "s", "y"], [0, 0, 0]), ep(["s"], [1], gid=1),
            ep(["s", "z"], [0, 0], gid=1)]
     for scale in (False, True):
-        g0 = credit.gigpo_advantages(eps, omega=0.0, scale=scale)
-        for a, b in zip(g0, credit.grpo_broadcast(eps, scale=scale)):
+        g0 = credit.gigpo_advantages(eps, omega=0.0, norm_adv=scale)
+        for a, b in zip(g0, credit.grpo_broadcast(eps, norm_adv=scale)):
             assert np.allclose(a, b)
-        g2 = credit.gigpo_advantages(eps, gamma=0.9, omega=2.0, scale=scale)
-        s = credit.step_advantages(eps, gamma=0.9, scale=scale)
+        g2 = credit.gigpo_advantages(eps, gamma=0.9, omega=2.0, norm_adv=scale)
+        s = credit.step_advantages(eps, gamma=0.9, norm_adv=scale)
         for a, b, c in zip(g2, g0, s):
             assert np.allclose(a, b + 2.0 * c)

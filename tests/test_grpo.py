@@ -1,4 +1,5 @@
-"""The GRPO family loss: hand-computed values, and equality with TRL's GRPOTrainer loss."""
+"""The GRPO family loss: hand-computed values, and equality with TRL's GRPOTrainer loss; the one
+loop on single-turn completions (its multi-turn use is in test_lm_rollout.py)."""
 
 import math
 from collections import defaultdict
@@ -8,21 +9,20 @@ import pytest
 import torch
 
 from agentrl_lib.algorithms import grpo
-from agentrl_lib.algorithms.grpo import GRPOConfig, compute_advantages, policy_loss, preset
+from agentrl_lib.algorithms.grpo import GRPOConfig, policy_loss, preset
+from agentrl_lib.core import group_advantages
 
 
 def test_advantages_by_hand():
     r = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    assert torch.allclose(compute_advantages(r, GRPOConfig(advantage="reinforce")), r)
-    assert torch.allclose(compute_advantages(r, GRPOConfig(advantage="reinforce_baseline")), r - 0.75)
-    assert torch.allclose(compute_advantages(r, GRPOConfig(advantage="rloo")),
-                          torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
-    g = compute_advantages(r, GRPOConfig(advantage="grpo"))
+    assert torch.allclose(group_advantages(r, "reinforce"), r)
+    assert torch.allclose(group_advantages(r, "batch_mean"), r - 0.75)
+    assert torch.allclose(group_advantages(r, "rloo"), torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
+    g = group_advantages(r, "grpo")
     assert torch.allclose(g, torch.tensor([[0.5, -0.5], [0.0, 0.0]]) / (math.sqrt(0.5) + 1e-4))
-    assert torch.allclose(compute_advantages(r, GRPOConfig(advantage="dr_grpo")),
-                          torch.tensor([[0.5, -0.5], [0.0, 0.0]]))
+    assert torch.allclose(group_advantages(r, "dr_grpo"), torch.tensor([[0.5, -0.5], [0.0, 0.0]]))
     # Lite-PPO: group mean, *batch* std (of all four rewards: std([1, 0, 1, 1], ddof=1) = 0.5)
-    lite = compute_advantages(r, GRPOConfig(advantage="lite_ppo"))
+    lite = group_advantages(r, "lite_ppo")
     assert torch.allclose(lite, torch.tensor([[0.5, -0.5], [0.0, 0.0]]) / 0.5001)
 
 
@@ -35,8 +35,7 @@ def test_aggregations_by_hand():
     assert math.isclose(seq.item(), ((-1.0) + 2.0) / 2)  # each sequence's mean, then the mean
     tok = policy_loss(logps, logps, adv, mask, GRPOConfig(loss_agg="token_mean"))[0]
     assert math.isclose(tok.item(), (-3.0 + 2.0) / 4)
-    const = policy_loss(logps, logps, adv, mask, GRPOConfig(loss_agg="const_norm"),
-                        max_completion_length=5)[0]
+    const = policy_loss(logps, logps, adv, mask, GRPOConfig(loss_agg="const_norm"), max_len=5)[0]
     assert math.isclose(const.item(), (-3.0 + 2.0) / (2 * 5), rel_tol=1e-6)
 
 
@@ -45,17 +44,19 @@ def test_clip_higher_and_ratio():
     logps = torch.log(torch.tensor([[1.5, 0.5]]))
     adv = torch.tensor([1.0])
     loss, m = policy_loss(logps, old, adv, torch.ones(1, 2), GRPOConfig(loss_agg="token_mean"))
-    assert math.isclose(loss.item(), -(1.2 + 0.5) / 2, rel_tol=1e-6) and m["clip_ratio"] == 0.5
+    assert math.isclose(loss.item(), -(1.2 + 0.5) / 2, rel_tol=1e-6) and m["clipfrac"] == 0.5
     loss_hi, _ = policy_loss(logps, old, adv, torch.ones(1, 2),
                              GRPOConfig(loss_agg="token_mean", clip_eps_high=0.28))
     assert math.isclose(loss_hi.item(), -(1.28 + 0.5) / 2, rel_tol=1e-6)
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match="unknown advantage 'ppo'"):
-        GRPOConfig(advantage="ppo")
+    with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
+        GRPOConfig(estimator="ppo")
     with pytest.raises(ValueError, match="needs group_size >= 2"):
-        GRPOConfig(advantage="rloo", group_size=1)
+        GRPOConfig(estimator="rloo", group_size=1)
+    with pytest.raises(ValueError, match="unknown loss_agg"):
+        GRPOConfig(loss_agg="sum")
     with pytest.raises(ValueError, match="unknown preset"):
         preset("trpo")
     with pytest.raises(ValueError, match="needs ref_logps"):
@@ -106,7 +107,7 @@ def test_loss_equals_trl(trl_type, agg, beta):
     mask[:, 0] = 1
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     cfg = GRPOConfig(loss_agg=agg, beta=beta, clip_eps=0.2, clip_eps_high=0.28)
-    ours, _ = policy_loss(logps, old, adv, mask, cfg, ref, max_completion_length=7)
+    ours, _ = policy_loss(logps, old, adv, mask, cfg, ref, max_len=7)
     theirs = trl_loss(trl_type, logps, old, ref, adv, mask, beta, 0.2, 0.28, 7)
     assert torch.allclose(ours, theirs, atol=1e-12), (ours.item(), theirs.item())
 
@@ -114,20 +115,19 @@ def test_loss_equals_trl(trl_type, agg, beta):
 def test_one_update_changes_parameters_and_dynamic_sampling():
     from agentrl_lib.envs.text_tasks import make_problems
     from agentrl_lib.models.tiny_lm import new_model
-    from agentrl_lib.rewards import format_reward
 
     model, tok = new_model("tiny-64", seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     probs = make_problems("arithmetic", 20, 1)
     cfg = GRPOConfig(num_prompts=4, group_size=4, num_iters=1, max_new_tokens=4,
-                     advantage="reinforce", eval_every=100)
+                     estimator="reinforce", eval_every=100)
     always_one = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
-    rows = grpo.train(model, tok, probs, [always_one], cfg)
+    rows = grpo.train(model, grpo.completion_sampler(tok, probs, [always_one], cfg), cfg)
     changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert changed and rows[0]["reward"] == 1.0
+    assert changed and rows[0]["rollout/reward"] == 1.0 and "losses/loss" in rows[0]
     # all-equal rewards and dynamic sampling: every group is dropped, nothing changes
     before = [p.detach().clone() for p in model.parameters()]
     cfg = GRPOConfig(num_prompts=4, group_size=4, num_iters=1, max_new_tokens=4, dynamic_sampling=True)
-    rows = grpo.train(model, tok, probs, [format_reward], cfg)
-    if rows[0]["kept_frac"] == 0.0:
-        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    rows = grpo.train(model, grpo.completion_sampler(tok, probs, [always_one], cfg), cfg)
+    assert rows[0]["rollout/kept_frac"] == 0.0 and "losses/loss" not in rows[0]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl_lib.algorithms import dp
 from agentrl_lib.envs import tabular as T
 from agentrl_lib.envs.multiturn import GridAgentEnv, parse_action
 
@@ -15,7 +16,7 @@ def test_protocol_and_optimal_play_matches_v_star():
         assert "goal is at" in obs and isinstance(obs, str)
         start, goal = env.task
         mdp = env.tabular_form(start, goal)
-        v, pi, _, _ = T.value_iteration(mdp)
+        v, pi, _, _ = dp.value_iteration(mdp)
         ret, disc, done, t = 0.0, 1.0, False, 0
         while not done:
             a = T.GRID_ACTIONS[int(pi[env.state_index()].argmax())]

@@ -1,5 +1,6 @@
 """Every notebook is committed clean and declares what the pipeline needs."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def test_notebook_is_clean_and_declared(path):
     assert all(p.help for p in info.params.values()), "every parameter needs a # help comment"
     for key in ("title", "paper", "url", "modules", "claim"):
         assert info.meta.get(key), f"metadata.agentrl.{key} is missing"
+    gone = [m for m in info.meta["modules"] if importlib.util.find_spec(m) is None]
+    assert not gone, f"metadata.agentrl.modules names modules that do not exist: {gone}"
     assert {"ci", "cpu", "gpu"} <= set(info.profiles), "declare cpu and gpu profiles"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
@@ -36,3 +39,6 @@ def test_readme_map_lists_every_notebook():
     start, end = readme.index("<!-- map:start"), readme.index("<!-- map:end -->")
     missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.name}" not in readme[start:end]]
     assert not missing, f"regenerate the README map with `agentrl list --markdown`: {missing}"
+    for p in NOTEBOOKS:  # the map's module column follows the notebooks' metadata
+        for m in nbs.load_notebook(p, ROOT).meta["modules"]:
+            assert f"`{m}`" in readme[start:end], f"regenerate the README map: {p.stem} uses {m}"

@@ -11,12 +11,10 @@ import torch
 from agentrl_lib.algorithms.pg import (
     ESTIMATORS,
     PGConfig,
-    PromptSetPolicy,
     exact_gradient,
     expected_gradient_scale,
     expected_rewards,
     flatten_tables,
-    pg_advantages,
     pg_surrogate_loss,
     sample_responses,
     sampled_gradients,
@@ -24,18 +22,11 @@ from agentrl_lib.algorithms.pg import (
     tabular_score_gradient,
     train_pg,
 )
-from agentrl_lib.envs.token_tree import TabularTreePolicy, TokenTreeMDP
+from agentrl_lib.core import group_advantages
+from agentrl_lib.envs.token_tree import TokenTreeMDP
+from agentrl_lib.models.policies import PromptSetPolicy, TabularTreePolicy
 
 D = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: extra intra-op threads only add overhead (100x on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def t(x):
@@ -45,47 +36,47 @@ def t(x):
 # --- advantages ---------------------------------------------------------------------------------
 def test_advantages_hand_computed():
     r = t([[1.0, 0.0, 0.0, 0.0]])
-    assert torch.equal(pg_advantages(r, "reinforce"), r)
-    assert torch.allclose(pg_advantages(r, "rloo"), t([[1.0, -1 / 3, -1 / 3, -1 / 3]]))
-    assert torch.allclose(pg_advantages(r, "dr_grpo"), t([[0.75, -0.25, -0.25, -0.25]]))
+    assert torch.equal(group_advantages(r, "reinforce"), r)
+    assert torch.allclose(group_advantages(r, "rloo"), t([[1.0, -1 / 3, -1 / 3, -1 / 3]]))
+    assert torch.allclose(group_advantages(r, "dr_grpo"), t([[0.75, -0.25, -0.25, -0.25]]))
     # ddof=1: var = (0.75^2 + 3 * 0.25^2) / 3 = 0.25, std = 0.5
-    assert torch.allclose(pg_advantages(r, "grpo", eps=0.0), t([[1.5, -0.5, -0.5, -0.5]]))
+    assert torch.allclose(group_advantages(r, "grpo", eps=0.0), t([[1.5, -0.5, -0.5, -0.5]]))
     # ddof=0: std = sqrt(0.75 / 4) = sqrt(3) / 4
     s0 = math.sqrt(3) / 4
-    assert torch.allclose(pg_advantages(r, "grpo", ddof=0, eps=0.0),
+    assert torch.allclose(group_advantages(r, "grpo", ddof=0, eps=0.0),
                           t([[0.75 / s0, -0.25 / s0, -0.25 / s0, -0.25 / s0]]))
     # eps=1e-4 (TRL's) divides by std + eps
-    assert torch.allclose(pg_advantages(r, "grpo"), t([[1.5, -0.5, -0.5, -0.5]]) * 0.5 / 0.5001)
+    assert torch.allclose(group_advantages(r, "grpo"), t([[1.5, -0.5, -0.5, -0.5]]) * 0.5 / 0.5001)
 
 
 def test_batch_mean_uses_every_group():
     r = t([[1.0, 0.0], [1.0, 1.0]])  # batch mean 0.75
-    assert torch.allclose(pg_advantages(r, "batch_mean"), t([[0.25, -0.75], [0.25, 0.25]]))
+    assert torch.allclose(group_advantages(r, "batch_mean"), t([[0.25, -0.75], [0.25, 0.25]]))
     # with leading draw axes each (B, G) batch is separate
     rk = torch.stack([r, torch.zeros_like(r)])  # (K=2, B, G)
-    assert torch.allclose(pg_advantages(rk, "batch_mean")[1], torch.zeros_like(r))
+    assert torch.allclose(group_advantages(rk, "batch_mean")[1], torch.zeros_like(r))
 
 
 def test_edge_cases_all_equal_and_group_of_two():
     same = t([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     for est in ("rloo", "grpo", "dr_grpo"):
-        assert torch.equal(pg_advantages(same, est), torch.zeros_like(same)), est
-    assert torch.equal(pg_advantages(same, "reinforce"), same)
+        assert torch.equal(group_advantages(same, est), torch.zeros_like(same)), est
+    assert torch.equal(group_advantages(same, "reinforce"), same)
     pair = t([[1.0, 0.0]])
-    assert torch.allclose(pg_advantages(pair, "rloo"), t([[1.0, -1.0]]))
-    assert torch.allclose(pg_advantages(pair, "grpo", eps=0.0), t([[1.0, -1.0]]) / math.sqrt(2))
-    assert torch.allclose(pg_advantages(pair, "grpo", ddof=0, eps=0.0), t([[1.0, -1.0]]))
+    assert torch.allclose(group_advantages(pair, "rloo"), t([[1.0, -1.0]]))
+    assert torch.allclose(group_advantages(pair, "grpo", eps=0.0), t([[1.0, -1.0]]) / math.sqrt(2))
+    assert torch.allclose(group_advantages(pair, "grpo", ddof=0, eps=0.0), t([[1.0, -1.0]]))
     with pytest.raises(ValueError):
-        pg_advantages(t([[1.0]]), "rloo")
+        group_advantages(t([[1.0]]), "rloo")
     with pytest.raises(ValueError):
-        pg_advantages(pair, "ppo")
+        group_advantages(pair, "ppo")
 
 
 def test_baselines_are_shift_invariant_and_reinforce_is_not():
     r = torch.rand(3, 5, dtype=D)
     for est in ("batch_mean", "rloo", "grpo", "dr_grpo"):
-        assert torch.allclose(pg_advantages(r + 3.0, est), pg_advantages(r, est), atol=1e-12), est
-    assert torch.allclose(pg_advantages(r + 3.0, "reinforce"), r + 3.0)
+        assert torch.allclose(group_advantages(r + 3.0, est), group_advantages(r, est), atol=1e-12), est
+    assert torch.allclose(group_advantages(r + 3.0, "reinforce"), r + 3.0)
 
 
 # --- the surrogate and the score function --------------------------------------------------------
@@ -115,7 +106,7 @@ def test_closed_form_score_gradient_matches_autograd():
             lg.normal_()
     gen = torch.Generator().manual_seed(1)
     tokens, nodes, r = sample_responses(reward, pol.probs(), 6, gen)  # (B, G, H)
-    adv = pg_advantages(r, "grpo")
+    adv = group_advantages(r, "grpo")
     loss, _ = pg_surrogate_loss(pol.log_prob(nodes, tokens), adv)
     auto = torch.autograd.grad(-loss, list(pol.logits))
     with torch.no_grad():
@@ -167,7 +158,7 @@ def _exact_expected_estimate(reward, pol, estimator, group_size):
     tokens = (leaf[..., None] // powers) % v  # (K, B, G, H)
     nodes = torch.stack([leaf // v ** (h - d) for d in range(h)], -1)  # prefix ids (K, B, G, H)
     r = reward[None].expand(len(leaf), -1, -1).gather(2, leaf)  # (K, B, G)
-    adv = pg_advantages(r, estimator)
+    adv = group_advantages(r, estimator)
     g = tabular_score_gradient(probs, nodes, tokens, adv / (b * group_size))  # (K, B, P_b)
     assert prob.sum().item() == pytest.approx(1.0)
     return (prob[:, None, None] * g).sum(0)
@@ -232,10 +223,10 @@ def test_sampled_gradients_mean_approaches_exact():
 # --- training ------------------------------------------------------------------------------------
 def test_one_update_changes_parameters_and_training_improves_j():
     trees = [TokenTreeMDP(3, 2, num_correct=3, seed=s) for s in range(2)]
-    one = train_pg(trees, PGConfig(estimator="rloo", group_size=4, num_updates=1, lr=1.0))
+    one = train_pg(trees, PGConfig(estimator="rloo", group_size=4, num_iters=1, lr=1.0))
     assert any(lg.abs().sum() > 0 for lg in one["policy"].logits)
     assert len(one["J"]) == 2 and one["samples"] == [0, 8]
-    run = train_pg(trees, PGConfig(estimator="grpo", group_size=8, num_updates=60, lr=2.0))
+    run = train_pg(trees, PGConfig(estimator="grpo", group_size=8, num_iters=60, lr=2.0))
     assert run["J"][0] == pytest.approx(3 / 9)
     assert run["J"][-1] > run["J"][0] + 0.3
     assert len(run["J_per_prompt"]) == 61 and len(run["metrics"]) == 60
@@ -243,7 +234,7 @@ def test_one_update_changes_parameters_and_training_improves_j():
 
 def test_reward_shift_leaves_group_baselines_unchanged():
     trees = [TokenTreeMDP(3, 2, num_correct=3, seed=s) for s in range(2)]
-    cfg = {"group_size": 4, "num_updates": 20, "lr": 1.0, "seed": 3}
+    cfg = {"group_size": 4, "num_iters": 20, "lr": 1.0, "seed": 3}
     base = train_pg(trees, PGConfig(estimator="rloo", **cfg))["J"]
     shifted = train_pg(trees, PGConfig(estimator="rloo", reward_shift=2.0, **cfg))["J"]
     assert base == pytest.approx(shifted, abs=1e-9)

@@ -2,8 +2,6 @@
 reward placement, the value model's shapes and parameter sharing, the losses by hand, one update
 moving both networks, config errors, and the loop's rows against grpo.train's."""
 
-import math
-
 import pytest
 import torch
 
@@ -11,26 +9,11 @@ from agentrl_lib import core
 from agentrl_lib.algorithms import grpo, ppo_lm
 from agentrl_lib.algorithms.ppo_lm import PPOLMConfig
 from agentrl_lib.models.tiny_lm import new_model
-from agentrl_lib.rollout import generate, sequence_logps
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture
-def tiny():
-    model, tok = new_model("tiny-64", seed=0)
-    return model.eval(), tok
+from agentrl_lib.rollout import format_prompts, generate, sequence_logps
 
 
 def chat(tok, texts):
-    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                    tokenize=False) for t in texts]
+    return format_prompts(tok, [{"prompt": t} for t in texts])
 
 
 # --- rewards and GAE by hand -----------------------------------------------------------------
@@ -81,19 +64,6 @@ def test_naive_gae_leaks_padding_values():
     assert ours[0, 1].item() == pytest.approx(0.5)
 
 
-def test_masked_whiten():
-    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    w = ppo_lm.masked_whiten(x, mask)
-    real = w[mask.bool()]
-    assert real.mean().abs() < 1e-6 and (real.var(correction=0) - 1).abs() < 1e-5
-    assert w[0, 2] == 0
-    vals = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert torch.allclose(real, (vals - 3.0) / math.sqrt(2.0), atol=1e-5)
-    kept = ppo_lm.masked_whiten(x, mask, shift_mean=False)[mask.bool()]
-    assert kept.mean().item() == pytest.approx(3.0, abs=1e-5)
-
-
 def test_losses_by_hand():
     cfg = PPOLMConfig(vf_coef=0.1, clip_eps_value=0.2)
     mask = torch.tensor([[1, 1, 0]])
@@ -105,18 +75,18 @@ def test_losses_by_hand():
     loss, m = ppo_lm.ppo_lm_losses(zeros, zeros, adv, values, old_values, returns, mask, cfg)
     # ratio 1: L_clip = -mean(A) over real tokens = 0; value token 0: V moved 0.5 > 0.2, clipped to
     # 0.2, max((0.5-1)^2, (0.2-1)^2) = 0.64; token 1: 1.0; L_V = 0.5 * (0.64 + 1.0) / 2 = 0.41
-    assert m["pg_loss"] == pytest.approx(0.0, abs=1e-7)
-    assert m["vf_loss"] == pytest.approx(0.41)
+    assert m["policy_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert m["value_loss"] == pytest.approx(0.41)
     assert loss.item() == pytest.approx(0.041)
     assert m["vf_clipfrac"] == pytest.approx(0.5)
     _, m_off = ppo_lm.ppo_lm_losses(zeros, zeros, adv, values, old_values, returns, mask,
                                     PPOLMConfig(clip_eps_value=0.0))
-    assert m_off["vf_loss"] == pytest.approx(0.5 * (0.25 + 1.0) / 2)
+    assert m_off["value_loss"] == pytest.approx(0.5 * (0.25 + 1.0) / 2)
 
 
 # --- the value model ---------------------------------------------------------------------------
-def test_value_model_shapes_and_parameters(tiny):
-    model, tok = tiny
+def test_value_model_shapes_and_parameters(tiny_lm):
+    model, tok = tiny_lm
     n_policy = sum(p.numel() for p in model.parameters())
     H = model.config.hidden_size
     sep = ppo_lm.make_value_model(model, "separate")
@@ -157,22 +127,23 @@ def _batch(model, tok, critic, n=4, seed=0):
     return {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
             "completion_ids": g.completion_ids, "completion_mask": g.completion_mask,
             "logps": g.logps, "values": values,
-            "advantages": ppo_lm.masked_whiten(adv, g.completion_mask),
+            "advantages": core.whiten(adv, g.completion_mask, eps_in_sqrt=True),
             "returns": ret}
 
 
 @pytest.mark.parametrize("kind", ["separate", "shared"])
-def test_one_update_changes_policy_and_value(tiny, kind):
-    model, tok = tiny
+def test_one_update_changes_policy_and_value(tiny_lm, kind):
+    model, tok = tiny_lm
     critic = ppo_lm.make_value_model(model, kind)
-    cfg = PPOLMConfig(critic=kind, num_ppo_epochs=2, num_minibatches=2, num_prompts=4, lr=1e-2)
+    cfg = PPOLMConfig(critic=kind, num_epochs=2, num_minibatches=2, num_prompts=4, lr=1e-2)
     batch = _batch(model, tok, critic)
     before_pol = [p.detach().clone() for p in model.parameters()]
     crit_params = ppo_lm.critic_parameters(model, critic)
     before_crit = [p.detach().clone() for p in crit_params]
     opt = torch.optim.AdamW(list(model.parameters()) + crit_params, lr=cfg.lr)
     m = ppo_lm.ppo_update(model, critic, opt, batch, cfg, torch.Generator().manual_seed(0))
-    assert {"loss", "pg_loss", "vf_loss", "clipfrac", "approx_kl", "entropy"} <= set(m)
+    assert {f"losses/{k}" for k in ("loss", "policy_loss", "value_loss", "clipfrac", "approx_kl",
+                                    "entropy")} <= set(m)
     assert any(not torch.equal(a, b) for a, b in zip(before_pol, model.parameters()))
     assert not torch.equal(before_crit[-2], critic.head.weight)  # the head moved
     if kind == "separate":
@@ -182,28 +153,31 @@ def test_one_update_changes_policy_and_value(tiny, kind):
         assert not any(p is q for p in model.parameters() for q in crit_params)
 
 
-def test_config_errors(tiny):
+def test_config_errors(tiny_lm):
     with pytest.raises(ValueError, match="unknown critic"):
         PPOLMConfig(critic="twin")
     with pytest.raises(ValueError, match="must divide"):
         PPOLMConfig(num_prompts=6, num_minibatches=4)
     for bad in ({"gamma": 1.5}, {"lam": -0.1}, {"beta": -1.0}, {"clip_eps": 0.0},
-                {"num_ppo_epochs": 0}, {"group_size": 0}, {"lr": 0.0}, {"temperature": 0.0}):
+                {"num_epochs": 0}, {"group_size": 0}, {"lr": 0.0}, {"temperature": 0.0}):
         with pytest.raises(ValueError, match="PPOLMConfig"):
             PPOLMConfig(**bad)
     with pytest.raises(ValueError, match="kl_estimator"):
         PPOLMConfig(kl_estimator="k4")
     with pytest.raises(ValueError, match="unknown critic"):
-        ppo_lm.make_value_model(tiny[0], "twin")
-    model, tok = tiny
+        ppo_lm.make_value_model(tiny_lm[0], "twin")
+    model, tok = tiny_lm
     probs = [{"prompt": "1+1=", "answer": "2"}]
+    zero = [lambda c, **k: [0.0] * len(c)]
+    cfg = PPOLMConfig(beta=0.1, num_prompts=1, num_iters=1)
     with pytest.raises(ValueError, match="needs ref_model"):
-        ppo_lm.train(model, tok, probs, [lambda c, **k: [0.0] * len(c)],
-                     PPOLMConfig(beta=0.1, num_prompts=1, num_iters=1))
+        ppo_lm.train(model, grpo.completion_sampler(tok, probs, zero, cfg), cfg)
+    cfg = PPOLMConfig(num_prompts=1, num_iters=1)
     with pytest.raises(ValueError, match="shares"):
-        ppo_lm.train(model, tok, probs, [lambda c, **k: [0.0] * len(c)],
-                     PPOLMConfig(num_prompts=1, num_iters=1),
+        ppo_lm.train(model, grpo.completion_sampler(tok, probs, zero, cfg), cfg,
                      critic=ppo_lm.make_value_model(model, "shared"))
+    with pytest.raises(ValueError, match="num_prompts=2 is more than the 1 training problems"):
+        grpo.completion_sampler(tok, probs, zero, PPOLMConfig(num_prompts=2))
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -217,30 +191,34 @@ def test_train_rows_match_grpo_interface():
     runs = {}
     for name in ("ppo", "grpo"):
         model, tok = new_model("tiny-64", seed=0)
+        evaluate = lambda m: grpo.evaluate(m, tok, panel, odd_length, 4)  # noqa: E731
         if name == "ppo":
             cfg = PPOLMConfig(num_prompts=4, group_size=2, num_iters=2, max_new_tokens=4,
-                              num_ppo_epochs=2, eval_every=1, seed=3, critic_lr=1e-2)
+                              num_epochs=2, eval_every=1, seed=3, critic_lr=1e-2)
             critic = ppo_lm.make_value_model(model, "separate")
-            runs[name] = ppo_lm.train(model, tok, problems, [odd_length], cfg, eval_problems=panel,
-                                      critic=critic)
+            sample = grpo.completion_sampler(tok, problems, [odd_length], cfg)
+            runs[name] = ppo_lm.train(model, sample, cfg, evaluate, critic=critic)
             assert critic.head.weight.abs().sum() > 0  # the loop trains the critic it was given
         else:
             cfg = grpo.preset("grpo", num_prompts=4, group_size=2, num_iters=2, max_new_tokens=4,
                               eval_every=1, seed=3)
-            runs[name] = grpo.train(model, tok, problems, [odd_length], cfg, eval_problems=panel)
+            sample = grpo.completion_sampler(tok, problems, [odd_length], cfg)
+            runs[name] = grpo.train(model, sample, cfg, evaluate)
     ppo_rows, grpo_rows = runs["ppo"], runs["grpo"]
-    assert [r["step"] for r in ppo_rows] == [0, 1, 2] and "eval_acc" in ppo_rows[-1]
-    for key in ("reward", "step_s", "gen_s", "completion_len", "eval_acc", "loss", "entropy"):
+    assert [r["iter"] for r in ppo_rows] == [0, 1, 2] and "eval/acc" in ppo_rows[-1]
+    for key in ("rollout/reward", "time/step_s", "time/gen_s", "rollout/completion_len",
+                "eval/acc", "losses/loss", "losses/entropy", "losses/clipfrac"):
         assert key in ppo_rows[0] and key in grpo_rows[0]
-    for key in ("explained_var", "vf_loss", "pg_loss", "value_mean"):
+    for key in ("losses/explained_variance", "losses/value_loss", "losses/policy_loss",
+                "losses/value_mean"):
         assert key in ppo_rows[0]
     # same seed, prompts and group size: the first batch of samples is the same
-    assert ppo_rows[0]["reward"] == grpo_rows[0]["reward"]
-    assert ppo_rows[0]["completion_len"] == grpo_rows[0]["completion_len"]
+    assert ppo_rows[0]["rollout/reward"] == grpo_rows[0]["rollout/reward"]
+    assert ppo_rows[0]["rollout/completion_len"] == grpo_rows[0]["rollout/completion_len"]
 
 
-def test_optimizer_groups(tiny):
-    model, _ = tiny
+def test_optimizer_groups(tiny_lm):
+    model, _ = tiny_lm
     for kind, n_own in (("separate", None), ("shared", model.config.hidden_size + 1)):
         critic = ppo_lm.make_value_model(model, kind)
         cfg = PPOLMConfig(critic=kind, lr=1e-4, critic_lr=1e-3)

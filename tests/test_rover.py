@@ -9,7 +9,8 @@ import torch
 
 from agentrl_lib import core
 from agentrl_lib.algorithms import rover
-from agentrl_lib.envs.token_tree import TabularTreePolicy, TokenTreeMDP
+from agentrl_lib.envs.token_tree import TokenTreeMDP
+from agentrl_lib.models.policies import TabularTreePolicy
 
 
 @pytest.fixture
@@ -114,8 +115,8 @@ def test_implied_pass_at_1_and_temperature_rule():
     assert rover.temperature_for_pass1(zeros, 0.95, taus) == min(taus)
 
 
-def test_evaluate_policy_uniform_by_hand(tiny):
-    m = rover.evaluate_policy(tiny, tiny.uniform_policy(), ks=(1, 4), num_samples=10,
+def test_evaluate_uniform_by_hand(tiny):
+    m = rover.evaluate(tiny, tiny.uniform_policy(), ks=(1, 4), num_samples=10,
                               generator=torch.Generator().manual_seed(0))
     assert m["pass@1"] == pytest.approx(3 / 8)
     assert m["pass@4"] == pytest.approx(1 - (5 / 8) ** 4)
@@ -148,7 +149,7 @@ def test_rover_first_step_is_mean_baseline_policy_gradient():
     r[:8] = 1.0
     with torch.no_grad():
         old, old_mean = pol.log_prob(nodes, tokens), rover.mean_logps(pol, nodes)
-    r_c = core.grpo_advantages(r[None], scale=False)[0]
+    r_c = core.grpo_advantages(r[None], norm_adv=False)[0]
     rho = 0.7
     loss, _ = rover.rover_loss(pol.log_prob(nodes, tokens), old, rover.mean_logps(pol, nodes),
                                old_mean, r_c, rho=rho)
@@ -167,25 +168,25 @@ def test_mean_logps_of_uniform_policy():
                                                                   dtype=torch.float64))
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "reinforce", "rover"])
-def test_train_tree_moves_parameters_and_learns(loss_type):
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "reinforce", "rover"])
+def test_train_tree_moves_parameters_and_learns(estimator):
     tree = TokenTreeMDP(2, 3, num_correct=2, seed=0)
-    cfg = rover.TreeRLConfig(loss_type=loss_type, num_iters=30, group_size=8, lr=0.1, eval_every=10)
+    cfg = rover.TreeRLConfig(estimator=estimator, num_iters=30, group_size=8, lr=0.1, eval_every=10)
     pol, hist = rover.train_tree(tree, cfg, generator=torch.Generator().manual_seed(0))
     assert any(lg.abs().max() > 0 for lg in pol.logits)
     assert [h["iter"] for h in hist] == [0, 10, 20, 30]
-    assert hist[0]["pass@1"] == pytest.approx(0.25)
-    assert hist[-1]["pass@1"] > 0.5
+    assert hist[0]["eval/pass@1"] == pytest.approx(0.25)
+    assert hist[-1]["eval/pass@1"] > 0.5
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "rover"])
-def test_all_equal_rewards_leave_the_policy_unchanged(loss_type):
+@pytest.mark.parametrize("estimator", ["grpo", "rover"])
+def test_all_equal_rewards_leave_the_policy_unchanged(estimator):
     tree = TokenTreeMDP(2, 2, correct=[0, 1, 2, 3])  # every leaf correct: every group is all-1
-    cfg = rover.TreeRLConfig(loss_type=loss_type, num_iters=3, group_size=4)
+    cfg = rover.TreeRLConfig(estimator=estimator, num_iters=3, group_size=4)
     pol, _ = rover.train_tree(tree, cfg, generator=torch.Generator().manual_seed(0))
     assert all((lg == 0).all() for lg in pol.logits)
 
 
-def test_unknown_loss_type():
+def test_unknown_estimator():
     with pytest.raises(ValueError):
-        rover.train_tree(TokenTreeMDP(2, 2, num_correct=1), rover.TreeRLConfig(loss_type="ppo"))
+        rover.train_tree(TokenTreeMDP(2, 2, num_correct=1), rover.TreeRLConfig(estimator="ppo"))

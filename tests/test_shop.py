@@ -2,9 +2,11 @@
 
 import numpy as np
 
+from agentrl_lib.algorithms import dp
 from agentrl_lib.envs import tabular as T
 from agentrl_lib.envs.shop import ShopEnv, eval_panel, make_catalog
-from agentrl_lib.rollout import play_episodes, tabular_agent
+from agentrl_lib.models.policies import tabular_agent
+from agentrl_lib.rollout import play_episodes
 
 
 def tiny_env(**kw):
@@ -26,10 +28,10 @@ def test_tiny_catalog_exact_values_by_hand():
     mdp, keys = env.tabular_form(task)
     # search page + one results page + 2 items x (colour none/2 values) x (size none/1) + sink
     assert mdp.num_states == 1 + 1 + 2 * 3 * 2 + 1 == 15
-    v, pi, _, _ = T.value_iteration(mdp)
+    v, pi, _, _ = dp.value_iteration(mdp)
     # shortest exact purchase: search, click, colour, size, buy -> reward 1 on the 5th step
     assert abs(v[0].item() - 0.9 ** 4) < 1e-12
-    q = T.q_from_v(mdp, v)
+    q = dp.q_from_v(mdp, v)
     page = keys.index((task, "item", keys[1][2], task[0], None, None))
     buy = env.actions.index("buy")
     assert abs(q[page, buy].item() - 0.5) < 1e-12  # buying now: category + material right
@@ -50,7 +52,7 @@ def test_optimal_play_matches_v_star_and_progress_telescopes():
         env.reset(seed=seed)
         task = env.task
         mdp, keys = env.tabular_form(task)
-        v, pi, _, _ = T.value_iteration(mdp)
+        v, pi, _, _ = dp.value_iteration(mdp)
         ret, disc, done, prog = 0.0, 1.0, False, [env.progress(env.state_key())]
         while not done:
             a = int(pi[env.state_index()].argmax())

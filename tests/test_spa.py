@@ -6,16 +6,15 @@ import pytest
 from agentrl_lib.algorithms import spa
 from agentrl_lib.algorithms.credit import grpo_broadcast
 from agentrl_lib.envs.multiturn import GridAgentEnv
-from agentrl_lib.rollout import Episode, play_episodes, tabular_agent
+from agentrl_lib.models.policies import tabular_agent
+from agentrl_lib.rollout import Episode, play_episodes
 
 
 def ep(keys, R, valid=None, group_id=0):
     """An episode that takes action 'a' in each state of ``keys`` and gets R at the end."""
     T = len(keys)
-    rewards = [0.0] * (T - 1) + [R]
-    valid = [True] * T if valid is None else valid
-    return Episode([str(k) for k in keys], ["a"] * T, rewards, list(keys), list(valid),
-                   [{}] * T, group_id=group_id)
+    return Episode.of(keys, [0.0] * (T - 1) + [R], group_id, valid=list(valid or [True] * T),
+                      observations=[str(k) for k in keys])
 
 
 def test_sum_to_outcome_fit_recovers_known_contributions():
@@ -48,9 +47,9 @@ def test_grounding_and_fused_rewards_by_hand():
     contrib = lambda eps: [np.array([0.2, 0.3, 0.5])]  # noqa: E731
     r = spa.fused_rewards(contrib([e]), spa.grounding([e]), 1.0, 0.5)[0]
     assert np.allclose(r, [0.7, 0.3, 1.0])
-    cfg = spa.SPAConfig(gamma=1.0, normalize="none")
+    cfg = spa.SPAConfig(gamma=1.0, norm_adv=False)
     assert np.allclose(spa.spa_advantages([e], contrib, cfg)[0], [2.0, 1.3, 1.0])
-    cfg = spa.SPAConfig(gamma=0.5, normalize="none", beta=0.0)
+    cfg = spa.SPAConfig(gamma=0.5, norm_adv=False, beta=0.0)
     # 0.2 + 0.5 * (0.3 + 0.5 * 0.5) = 0.475
     assert np.allclose(spa.spa_advantages([e], contrib, cfg)[0], [0.475, 0.55, 0.5])
     # whitened over the batch: mean 0, std 1 over all turns

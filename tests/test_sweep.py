@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_pipeline import make_repo
 
 from agentrl_lib import cli
 from agentrl_lib.pipeline import notebooks as nbs
 from agentrl_lib.pipeline import sweep
-from test_pipeline import make_repo
 
 
 def toy_info(root):

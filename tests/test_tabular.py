@@ -6,15 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl_lib.algorithms import dp
 from agentrl_lib.envs import tabular as T
 
 
 def test_corridor_values_by_hand():
     m = T.gridworld(["S.G"], gamma=0.9)
-    v, pi, _, _ = T.value_iteration(m)
+    v, pi, _, _ = dp.value_iteration(m)
     assert torch.allclose(v, torch.tensor([0.9, 1.0, 0.0], dtype=torch.float64))
     assert pi[0].argmax() == 2 and pi[1].argmax() == 2  # both go right
-    q = T.q_values(m, pi)
+    q = dp.q_values(m, pi)
     assert math.isclose(q[0, 0].item(), 0.9 * 0.9)  # bump the wall, then act optimally
 
 
@@ -37,18 +38,18 @@ def test_bad_layouts():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_vi_pi_linear_solve_agree(seed):
     m = T.random_mdp(12, 3, gamma=0.9, seed=seed)
-    v_vi, pi_vi, _, _ = T.value_iteration(m, tol=1e-12)
-    v_pi, pi_pi, _ = T.policy_iteration(m)
+    v_vi, pi_vi, _, _ = dp.value_iteration(m, tol=1e-12)
+    v_pi, pi_pi, _ = dp.policy_iteration(m)
     assert torch.allclose(v_vi, v_pi, atol=1e-9)
-    assert torch.allclose(T.policy_evaluation(m, pi_vi), v_vi, atol=1e-9)
-    adv = T.advantages(m, pi_vi)
+    assert torch.allclose(dp.policy_evaluation(m, pi_vi), v_vi, atol=1e-9)
+    adv = dp.advantages(m, pi_vi)
     assert adv.max().item() < 1e-9 and torch.allclose(adv.max(-1).values, torch.zeros(12, dtype=torch.float64), atol=1e-9)
 
 
 def test_policy_evaluation_matches_monte_carlo():
     m = T.gridworld(["S..", ".H.", "..G"], slip=0.2, gamma=0.9, step_reward=-0.05)
-    pi = T.uniform_policy(m)
-    exact = (m.init @ T.policy_evaluation(m, pi)).item()
+    pi = dp.uniform_policy(m)
+    exact = (m.init @ dp.policy_evaluation(m, pi)).item()
     rng = np.random.default_rng(0)
     rets = []
     for ep in range(3000):
@@ -68,25 +69,25 @@ def test_policy_evaluation_matches_monte_carlo():
 def test_exact_policy_gradient_matches_finite_differences():
     m = T.random_mdp(5, 3, gamma=0.8, seed=3)
     logits = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
-    T.expected_return(m, torch.softmax(logits, -1)).backward()
+    dp.expected_return(m, torch.softmax(logits, -1)).backward()
     eps, fd = 1e-6, torch.zeros(5, 3, dtype=torch.float64)
     with torch.no_grad():
         for i in range(5):
             for j in range(3):
                 d = torch.zeros(5, 3, dtype=torch.float64)
                 d[i, j] = eps
-                fd[i, j] = (T.expected_return(m, torch.softmax(logits + d, -1))
-                            - T.expected_return(m, torch.softmax(logits - d, -1))) / (2 * eps)
+                fd[i, j] = (dp.expected_return(m, torch.softmax(logits + d, -1))
+                            - dp.expected_return(m, torch.softmax(logits - d, -1))) / (2 * eps)
     assert torch.allclose(logits.grad, fd, atol=1e-7)
 
 
 def test_from_gymnasium_values():
     # non-slippery 4x4 FrozenLake: the shortest safe path takes 6 moves, reward 1 at the 6th
     lake = T.from_gymnasium("FrozenLake-v1", gamma=0.9, is_slippery=False)
-    v, _, _, _ = T.value_iteration(lake)
+    v, _, _, _ = dp.value_iteration(lake)
     assert math.isclose((lake.init @ v).item(), 0.9**5, rel_tol=1e-9)
     cliff = T.from_gymnasium("CliffWalking-v1", gamma=1.0)
-    v, pi, _, _ = T.value_iteration(cliff)
+    v, pi, _, _ = dp.value_iteration(cliff)
     assert (cliff.init @ v).item() == -13.0  # 13 steps of -1 along the cliff edge
     with pytest.raises(ValueError, match="transition table"):
         T.from_gymnasium("CartPole-v1")
@@ -105,8 +106,8 @@ def test_sampled_rewards_follow_source_env():
 def test_chain_critical_gamma():
     n, small, big = 6, 0.2, 1.0
     g_c = (small / big) ** (1 / (n - 1))
-    below = T.value_iteration(T.chain_mdp(n, small, big, gamma=g_c - 0.01), tol=1e-12)[1]
-    above = T.value_iteration(T.chain_mdp(n, small, big, gamma=g_c + 0.01), tol=1e-12)[1]
+    below = dp.value_iteration(T.chain_mdp(n, small, big, gamma=g_c - 0.01), tol=1e-12)[1]
+    above = dp.value_iteration(T.chain_mdp(n, small, big, gamma=g_c + 0.01), tol=1e-12)[1]
     assert below[0].argmax() == 0 and above[0].argmax() == 1
 
 

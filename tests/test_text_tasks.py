@@ -5,8 +5,13 @@ import json
 import pytest
 
 from agentrl_lib.envs import text_tasks as tt
-from agentrl_lib.rewards import (chain_step_reward, correctness_reward, countdown_reward,
-                                 partial_credit_reward)
+from agentrl_lib.rewards import (
+    chain_step_reward,
+    correctness_reward,
+    countdown_reward,
+    partial_credit_reward,
+)
+from agentrl_lib.rewards.verifiable import eval_expression
 
 
 @pytest.mark.parametrize("task", list(tt.GENERATORS))
@@ -26,7 +31,7 @@ def test_reference_completions_earn_full_reward(task, difficulty):
 
 def test_answers_are_right():
     for p in tt.make_problems("arithmetic", 50, 2):
-        assert str(tt.eval_expression(p["prompt"].rstrip("="))) == p["answer"]
+        assert str(eval_expression(p["prompt"].rstrip("="))) == p["answer"]
     for p in tt.make_problems("chain", 20, 4):
         assert p["values"][-1] == int(p["answer"])
 
@@ -49,7 +54,7 @@ def test_bad_requests():
         tt.make_problems("arithmetic", 10_000, 1)
     assert len(tt.make_problems("arithmetic", 10_000, 1, strict=False)) < 300
     with pytest.raises(ValueError, match="not an arithmetic expression"):
-        tt.eval_expression("2**10")
+        eval_expression("2**10")
 
 
 def test_partial_credit_bounds():
@@ -58,18 +63,18 @@ def test_partial_credit_bounds():
 
 
 def test_sft_cache_trains_once_and_rebuilds_corrupt_entries(tmp_path, monkeypatch, capsys):
-    from agentrl_lib.models import sft
+    from agentrl_lib.algorithms import sft
 
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
     cfg = sft.SFTConfig(steps=3, num_problems=40, batch_size=8)
-    path = sft.sft_checkpoint(cfg, verbose=True)
+    path = sft.checkpoint(cfg, verbose=True)
     assert "training the SFT base model" in capsys.readouterr().out
     assert (path / "config.json").is_file() and not list(path.parent.glob("*.tmp*"))
-    assert sft.sft_checkpoint(cfg) == path and "training" not in capsys.readouterr().out
+    assert sft.checkpoint(cfg) == path and "training" not in capsys.readouterr().out
     (path / "config.json").write_text("{not json")
-    sft.sft_checkpoint(cfg, verbose=True)
+    sft.checkpoint(cfg, verbose=True)
     assert "is unusable" in capsys.readouterr().out
-    model, tok = sft.load_sft(cfg, verbose=False)
+    model, tok = sft.load(cfg, verbose=False)
     assert json.loads((path / "agentrl_sft.json").read_text())["config"]["steps"] == 3
     other = sft.SFTConfig(steps=4, num_problems=40, batch_size=8)
     assert sft.config_key(other) != sft.config_key(cfg)

@@ -3,14 +3,9 @@
 import pytest
 import torch
 
-from agentrl_lib.models.tiny_lm import build_tokenizer, load_policy, new_model
+from agentrl_lib.models.loading import load_policy
+from agentrl_lib.models.tiny_lm import build_tokenizer, new_model
 from agentrl_lib.rollout import completion_mask_from_ids, generate, sequence_logps
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = new_model("tiny-64", seed=0)
-    return model.eval(), tok
 
 
 def chat(tok, content):
@@ -28,8 +23,8 @@ def test_tokenizer_roundtrip_and_template():
     assert tok.convert_ids_to_tokens(tok(s)["input_ids"])[0] == "<|im_start|>"
 
 
-def test_save_and_load_from_pretrained(tiny, tmp_path):
-    model, tok = tiny
+def test_save_and_load_from_pretrained(tiny_lm, tmp_path):
+    model, tok = tiny_lm
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     model2, tok2 = load_policy(str(tmp_path))
@@ -56,8 +51,8 @@ def test_completion_mask():
     assert completion_mask_from_ids(ids, 9).tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
 
 
-def test_generation_logps_match_forward_pass(tiny):
-    model, tok = tiny
+def test_generation_logps_match_forward_pass(tiny_lm):
+    model, tok = tiny_lm
     prompts = [chat(tok, c) for c in ["12+7=", "3+4=", "100+23=", "9="]] * 2  # left padding differs
     out = generate(model, tok, prompts, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
     assert out.completion_ids.shape[0] == 8 and out.completion_mask.dtype == torch.long
@@ -70,8 +65,8 @@ def test_generation_logps_match_forward_pass(tiny):
     assert single.texts[0] == batched.texts[1]
 
 
-def test_eos_stops_and_masks(tiny):
-    model, tok = tiny
+def test_eos_stops_and_masks(tiny_lm):
+    model, tok = tiny_lm
     with torch.no_grad():  # make eos the only likely token
         model.lm_head.weight[tok.eos_token_id] += 50.0
     try:

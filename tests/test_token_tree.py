@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from agentrl_lib.envs.token_tree import TabularTreePolicy, TokenTreeMDP
+from agentrl_lib.envs.token_tree import TokenTreeMDP
+from agentrl_lib.models.policies import TabularTreePolicy
 
 
 def brute_force_value(tree, probs, prefix):

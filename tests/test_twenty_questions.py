@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from agentrl_lib.envs.twenty_questions import CATALOG, TwentyQuestionsEnv
-from agentrl_lib.rollout import play_episodes, tabular_agent
+from agentrl_lib.models.policies import tabular_agent
+from agentrl_lib.rollout import play_episodes
 
 # 4 items x 3 attributes, small enough to solve on paper
 TABLE = {"ant": (1, 1, 1), "bee": (1, 0, 0), "cow": (0, 1, 0), "dog": (0, 0, 0)}

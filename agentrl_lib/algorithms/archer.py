@@ -37,6 +37,7 @@ from torch import nn
 
 from agentrl_lib.algorithms import credit
 from agentrl_lib.rollout import play_episodes
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 
@@ -308,11 +309,7 @@ class ArcherCritic:
         for _ in range(num_steps):
             loss, metrics = self.loss(self.buffer.sample(self.cfg.batch_size, self.rng),
                                       policy_probs)
-            self.opt.zero_grad()
-            loss.backward()
-            if self.cfg.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm)
-            self.opt.step()
+            optimizer_step(self.opt, loss, self.cfg.max_grad_norm)
             soft_update(self.target, self.net, self.cfg.tau)
         return metrics
 
@@ -377,11 +374,7 @@ def actor_step(policy, critic: ArcherCritic, optimizer, cfg: ArcherConfig,
     logps = logp_all.gather(-1, a[:, None]).squeeze(-1)  # (B,)
     entropy = -(probs * logp_all).sum(-1)  # (B,)
     loss, metrics = actor_loss(logps, adv.to(logps.dtype), entropy, cfg.entropy_coef)
-    optimizer.zero_grad()
-    loss.backward()
-    if cfg.max_grad_norm is not None:
-        nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-    optimizer.step()
+    optimizer_step(optimizer, loss, cfg.max_grad_norm)
     return metrics
 
 
@@ -393,7 +386,8 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
     Each round: play ``episodes_per_iter`` episodes with the current policy into the replay
     buffer; ``critic_updates`` TD steps (V target = E_pi Q^targ under the current policy);
     after the warm-up, ``actor_updates`` actor steps on replayed states. Returns (history, critic);
-    history rows match ``agent_pg.train`` (iteration, episodes, success, return, ...).
+    history rows match ``agent_pg.train`` (iter, episodes, rollout/*, losses/* of the last critic
+    and actor steps, eval/*).
     """
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -412,18 +406,19 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
         episodes = play_episodes(make_env, policy.act, [int(s) for s in seeds], 1)
         num_episodes += len(episodes)
         critic.add(episodes)
-        row = {"iteration": it + 1, "episodes": num_episodes,
-               "success": float(np.mean([ep.success for ep in episodes])),
-               "return": float(np.mean([ep.ret for ep in episodes])),
-               "turns": float(np.mean([len(ep) for ep in episodes]))}
-        row.update(critic.update(cfg.critic_updates,
-                                 policy_probs if cfg.v_target == "policy" else None))
+        row = {"iter": it + 1, "episodes": num_episodes,
+               "rollout/success": float(np.mean([ep.success for ep in episodes])),
+               "rollout/return": float(np.mean([ep.ret for ep in episodes])),
+               "rollout/turns": float(np.mean([len(ep) for ep in episodes]))}
+        m = critic.update(cfg.critic_updates, policy_probs if cfg.v_target == "policy" else None)
+        row.update({f"losses/{k}": v for k, v in m.items()})
         if it >= cfg.warmup_iters:
             for _ in range(cfg.actor_updates):
-                row.update(actor_step(policy, critic, optimizer, cfg, rng))
+                m = actor_step(policy, critic, optimizer, cfg, rng)
+                row.update({f"losses/{k}": v for k, v in m.items()})
         if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
                                     or it + 1 == cfg.num_iters):
-            row.update(eval_fn(policy))
+            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
         history.append(row)
         if log is not None:
             log.log(**row)

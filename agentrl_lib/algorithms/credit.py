@@ -15,7 +15,8 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
 - ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
   ``archer.py``, SPA-RL's progress model in ``spa.py``).
 
-The estimators are pure functions of the record and their arguments.
+The estimators are pure functions of the record and their arguments; the maths (discounted returns, group
+normalisation, GAE) is ``agentrl_lib.core``'s.
 """
 
 from __future__ import annotations
@@ -25,48 +26,49 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from agentrl_lib.core import gae_advantages
+from agentrl_lib.core import discounted_returns, gae_advantages
 
 
-def returns_to_go(rewards, gamma: float) -> np.ndarray:
-    """G_t = sum_k gamma^k r_{t+k} for one episode; (T,) -> (T,).
-
-    >>> returns_to_go([0.0, 0.0, 1.0], 0.5).tolist()
-    [0.25, 0.5, 1.0]
-    """
-    out = np.zeros(len(rewards))
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = rewards[t] + gamma * running
-        out[t] = running
-    return out
+def episode_returns_to_go(episodes, gamma: float) -> list[np.ndarray]:
+    """G_t = sum_k gamma^k r_{t+k} of every turn of every episode, (T_i,) each: one
+    ``core.discounted_returns`` call on the rewards right-padded with zeros to (B, T) (float64;
+    the padding adds exactly 0 to every real return)."""
+    T = max((len(ep) for ep in episodes), default=0)
+    r = torch.zeros(len(episodes), T, dtype=torch.float64)  # (B, T)
+    for i, ep in enumerate(episodes):
+        r[i, :len(ep)] = torch.tensor(ep.rewards, dtype=torch.float64)
+    g = discounted_returns(r, gamma).numpy()  # (B, T)
+    return [g[i, :len(ep)] for i, ep in enumerate(episodes)]
 
 
-def _normalise(values: np.ndarray, scale: bool, ddof: int, eps: float) -> np.ndarray:
-    """(x - mean) / (std + eps) within one group; all zeros for a group of one."""
+def _normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -> np.ndarray:
+    """``core.grpo_advantages`` of one ragged group, (n,) -> (n,); zeros for a group of one.
+    Written in numpy because anchor groups are many and tiny: a torch call per group made GiGPO's
+    advantages ten times slower (measured on notebook 31). ``tests/test_credit.py`` checks it
+    equals ``core.grpo_advantages``."""
     if len(values) < 2:
         return np.zeros(len(values))
     centred = values - values.mean()
-    return centred / (values.std(ddof=ddof) + eps) if scale else centred
+    return centred / (values.std(ddof=ddof) + eps) if norm_adv else centred
 
 
-def episode_advantages(episodes, gamma: float = 1.0, scale: bool = True, ddof: int = 1,
+def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
                        eps: float = 1e-4) -> np.ndarray:
     """A^E_i: each episode's discounted return normalised within its group; (num_episodes,)."""
-    rets = np.array([returns_to_go(ep.rewards, gamma)[0] if len(ep) else 0.0 for ep in episodes])
+    rets = np.array([g[0] if len(g) else 0.0 for g in episode_returns_to_go(episodes, gamma)])
     groups = defaultdict(list)
     for i, ep in enumerate(episodes):
         groups[ep.group_id].append(i)
     adv = np.zeros(len(episodes))
     for idx in groups.values():
-        adv[idx] = _normalise(rets[idx], scale, ddof, eps)
+        adv[idx] = _normalise(rets[idx], norm_adv, ddof, eps)
     return adv
 
 
-def grpo_broadcast(episodes, gamma: float = 1.0, scale: bool = True, ddof: int = 1,
+def grpo_broadcast(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
                    eps: float = 1e-4) -> list[np.ndarray]:
     """Trajectory-level GRPO: every turn of episode i gets A^E_i."""
-    adv = episode_advantages(episodes, gamma, scale, ddof, eps)
+    adv = episode_advantages(episodes, gamma, norm_adv, ddof, eps)
     return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
 
 
@@ -82,24 +84,24 @@ def anchor_groups(episodes, key=None) -> dict:
     return dict(groups)
 
 
-def step_advantages(episodes, gamma: float = 0.95, scale: bool = True, ddof: int = 1,
+def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,
                     eps: float = 1e-4, key=None) -> list[np.ndarray]:
     """A^S: each turn's discounted return-to-go normalised within its anchor-state group."""
-    rtg = [returns_to_go(ep.rewards, gamma) for ep in episodes]
+    rtg = episode_returns_to_go(episodes, gamma)
     adv = [np.zeros(len(ep)) for ep in episodes]
     for members in anchor_groups(episodes, key).values():
         values = np.array([rtg[i][t] for i, t in members])
-        for (i, t), a in zip(members, _normalise(values, scale, ddof, eps)):
+        for (i, t), a in zip(members, _normalise(values, norm_adv, ddof, eps)):
             adv[i][t] = a
     return adv
 
 
-def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, scale: bool = True,
+def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, norm_adv: bool = True,
                      ddof: int = 1, eps: float = 1e-4, key=None) -> list[np.ndarray]:
     """GiGPO: A_t = A^E + omega * A^S_t. The episode term uses the undiscounted return (the
     paper's R(tau)); the step term the discounted return-to-go with ``gamma``."""
-    a_e = episode_advantages(episodes, 1.0, scale, ddof, eps)
-    a_s = step_advantages(episodes, gamma, scale, ddof, eps, key)
+    a_e = episode_advantages(episodes, 1.0, norm_adv, ddof, eps)
+    a_s = step_advantages(episodes, gamma, norm_adv, ddof, eps, key)
     return [a + omega * s for a, s in zip(a_e, a_s)]
 
 

@@ -1,5 +1,16 @@
-"""The critic-free policy-gradient family for language models: REINFORCE, RLOO, GRPO, Dr. GRPO,
-DAPO and Lite-PPO, as one loss chosen by config fields, and the training loop around it.
+"""The critic-free policy-gradient family for language models, single- and multi-turn: REINFORCE,
+RLOO, GRPO, Dr. GRPO, DAPO and Lite-PPO as one loss chosen by config fields, GiGPO's turn-level
+advantages for agents, and the one training loop around them.
+
+The loop (``train``, on top of ``loop``) is fed by a *sampling function* ``sample(model) -> Batch``:
+- ``completion_sampler``: single-turn RLVR, ``num_prompts`` problems x ``group_size`` completions,
+  scored by reward functions in TRL's signature;
+- ``episode_sampler``: multi-turn agents, ``num_prompts`` task seeds x ``group_size`` episodes of a
+  text environment played by the LM on a persistent KV cache (``rollout.lm_rollout``).
+``advantages`` turns a batch into per-sequence (single-turn: ``core.group_advantages``) or
+per-token (multi-turn: ``credit`` turn advantages spread over each action's tokens) advantages,
+and ``update`` takes ``num_epochs`` clipped steps on them. ``ppo_lm.train`` reuses the same
+sampling functions and ``loop`` with its critic's update.
 
 Papers (each field says where it comes from):
 - GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300 (group mean/std advantage, per-sequence
@@ -12,32 +23,45 @@ Papers (each field says where it comes from):
 - Lite-PPO: Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
   arXiv:2508.08221 (group-mean advantage with batch-level std, token-level aggregation, the plain
   PPO clipped loss).
+- GiGPO: Feng et al. 2025, arXiv:2505.10978 (episode advantage + omega x anchor-state step
+  advantage, gamma = 0.95, omega = 1; ``credit.gigpo_advantages``).
 
 Aggregation names follow TRL's GRPOTrainer ``loss_type`` (1.16): ``seq_mean`` is TRL's "grpo",
 ``token_mean`` is "bnpo" (and "dapo" for a single process), ``const_norm`` is "dr_grpo".
 ``tests/test_grpo.py`` checks the loss against TRL's ``_compute_loss`` on the same inputs.
+
+Logged rows (one per update; ``iter`` counts updates): ``eval/*`` (the ``evaluate`` callback's
+dict, every ``eval_every`` updates and after the last), ``rollout/*`` (reward, completion_len,
+kept_frac; multi-turn: success, turns, invalid), ``losses/*`` (loss, entropy, clipfrac, approx_kl,
+kl), ``time/*`` (gen_s, step_s, eval_s).
 """
 
 from __future__ import annotations
 
+import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from agentrl_lib import core
+from agentrl_lib.algorithms import credit
+from agentrl_lib.rollout import Generation, format_prompts, generate, generation_logps, lm_rollout, \
+    pad_episodes
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
-ADVANTAGES = ("reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo", "lite_ppo")
-AGGREGATIONS = ("seq_mean", "token_mean", "const_norm")
+TURN_ESTIMATORS = ("grpo", "gigpo")
 
 
 @dataclass
 class GRPOConfig:
-    advantage: str = "grpo"
-    """how rewards (B, G) become advantages: 'reinforce' (the reward itself), 'reinforce_baseline'
-    (minus the batch mean), 'rloo' (leave-one-out), 'grpo' (group mean and std), 'dr_grpo' (group
-    mean only), 'lite_ppo' (group mean, batch std)"""
+    estimator: str = "grpo"
+    """the advantage: single-turn one of ``core.ESTIMATORS`` ('reinforce', 'batch_mean', 'rloo',
+    'grpo', 'dr_grpo', 'lite_ppo'); multi-turn 'grpo' (the episode return normalised in its group,
+    on every turn) or 'gigpo' (plus omega x the anchor-state step advantage)"""
     std_ddof: int = 1
     """ddof of the std in 'grpo' and 'lite_ppo' (1 as torch.std and TRL)"""
     loss_agg: str = "seq_mean"
@@ -55,72 +79,67 @@ class GRPOConfig:
     """drop groups whose rewards are all equal (they carry no gradient) before the update (DAPO)"""
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: length window before max_new_tokens where a linear penalty
-    grows to ``overlong_penalty``; 0 turns it off"""
+    grows to ``overlong_penalty``; 0 turns it off (single-turn)"""
     overlong_penalty: float = 1.0
     overlong_filter: bool = False
     """leave truncated completions (no end-of-sequence within max_new_tokens) out of the loss
-    (DAPO's overlong filtering; one of the tricks ablated in Tricks or Traps)"""
+    (DAPO's overlong filtering; one of the tricks ablated in Tricks or Traps; single-turn)"""
     num_prompts: int = 16
-    """prompts per update"""
+    """groups per update: prompts (single-turn) or task seeds (multi-turn)"""
     group_size: int = 8
-    """completions per prompt (G)"""
+    """completions or episodes per prompt (G)"""
     num_iters: int = 100
-    """updates (one generation round each)"""
-    num_inner_epochs: int = 1
-    """optimizer steps on each generation round (>1 makes the ratio and clipping matter)"""
+    """updates (one sampling round each)"""
+    num_epochs: int = 1
+    """optimizer steps on each sampling round (>1 makes the ratio and clipping matter)"""
     lr: float = 1e-3
+    """AdamW learning rate, constant, no weight decay"""
     max_new_tokens: int = 8
+    """token budget of a completion (single-turn) or of one action (multi-turn)"""
     temperature: float = 1.0
     max_grad_norm: float = 1.0
     eval_every: int = 10
+    """updates between evaluations (and after the last)"""
+    max_turns: int = 6
+    """multi-turn: turn cap of an episode (the environment's own cap applies too)"""
+    gamma: float = 0.95
+    """multi-turn: discount of GiGPO's step-level returns (the paper's 0.95)"""
+    omega: float = 1.0
+    """multi-turn: weight of GiGPO's step advantage (the paper's 1)"""
     seed: int = 0
+    """seeds the prompt draws and the sampling"""
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"unknown advantage {self.advantage!r}; choose one of {ADVANTAGES}")
-        if self.loss_agg not in AGGREGATIONS:
-            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose one of {AGGREGATIONS}")
-        if self.group_size < 2 and self.advantage in ("rloo", "grpo", "dr_grpo", "lite_ppo"):
-            raise ValueError(f"advantage {self.advantage!r} needs group_size >= 2")
+        if self.estimator not in core.ESTIMATORS + ("gigpo",):
+            raise ValueError(f"unknown estimator {self.estimator!r}; choose one of "
+                             f"{core.ESTIMATORS} (single-turn) or {TURN_ESTIMATORS} (multi-turn)")
+        if self.loss_agg not in core.AGGREGATIONS:
+            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose one of {core.AGGREGATIONS}")
+        if self.group_size < 2 and self.estimator in ("rloo", "grpo", "dr_grpo", "lite_ppo", "gigpo"):
+            raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
 
 
 def preset(name: str, **overrides) -> GRPOConfig:
     """The named methods as config values (each paper's choices, see the module docstring)."""
     if name == "reinforce":
-        cfg = GRPOConfig(advantage="reinforce_baseline", loss_agg="seq_mean")
+        cfg = GRPOConfig(estimator="batch_mean", loss_agg="seq_mean")
     elif name == "rloo":
-        cfg = GRPOConfig(advantage="rloo", loss_agg="seq_mean")
+        cfg = GRPOConfig(estimator="rloo", loss_agg="seq_mean")
     elif name == "grpo":
-        cfg = GRPOConfig(advantage="grpo", loss_agg="seq_mean")
+        cfg = GRPOConfig(estimator="grpo", loss_agg="seq_mean")
     elif name == "dr_grpo":
-        cfg = GRPOConfig(advantage="dr_grpo", loss_agg="const_norm")
+        cfg = GRPOConfig(estimator="dr_grpo", loss_agg="const_norm")
     elif name == "dapo":
-        cfg = GRPOConfig(advantage="grpo", loss_agg="token_mean", clip_eps_high=0.28,
+        cfg = GRPOConfig(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
                          dynamic_sampling=True, overlong_buffer=2)
     elif name == "lite_ppo":
-        cfg = GRPOConfig(advantage="lite_ppo", loss_agg="token_mean")
+        cfg = GRPOConfig(estimator="lite_ppo", loss_agg="token_mean")
     else:
         raise ValueError(f"unknown preset {name!r}; choose reinforce, rloo, grpo, dr_grpo, dapo, lite_ppo")
     return replace(cfg, **overrides)
 
 
-def compute_advantages(rewards: Tensor, cfg: GRPOConfig) -> Tensor:
-    """rewards (B, G) -> advantages (B, G), one per completion."""
-    if cfg.advantage == "reinforce":
-        return rewards.clone()
-    if cfg.advantage == "reinforce_baseline":
-        return rewards - rewards.mean()
-    if cfg.advantage == "rloo":
-        return core.rloo_advantages(rewards)
-    if cfg.advantage == "grpo":
-        return core.grpo_advantages(rewards, scale=True, ddof=cfg.std_ddof)
-    if cfg.advantage == "dr_grpo":
-        return core.grpo_advantages(rewards, scale=False)
-    # lite_ppo: group-mean centring, batch-level std (Tricks or Traps, section 4)
-    centred = rewards - rewards.mean(-1, keepdim=True)  # (B, G)
-    return centred / (rewards.std(correction=cfg.std_ddof) + 1e-4)
-
-
+# --- pure pieces ---------------------------------------------------------------------------------
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
     """DAPO's soft overlong punishment (eq. 13): 0 up to max_len - buffer, then falling linearly
     to -penalty at max_len.
@@ -136,44 +155,28 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
 
 def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
                 cfg: GRPOConfig, ref_logps: Tensor | None = None,
-                max_completion_length: int | None = None) -> tuple[Tensor, dict]:
+                max_len: int | None = None) -> tuple[Tensor, dict]:
     """The clipped surrogate with the chosen aggregation, plus beta * KL.
 
     logps, old_logps, mask: (B, T); advantages: (B,) one per sequence or (B, T) per token.
-    per-token loss l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + beta * KL_t.
+    per-token loss l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + beta * KL_t,
+    aggregated by ``core.aggregate`` (const_norm divides by B * max_len, default T).
+    Returns (loss, {clipfrac, approx_kl[, kl]}).
     """
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
-    m = mask.to(logps.dtype)
-    ratio = torch.exp(logps - old_logps)  # (B, T)
-    eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    clipped_ratio = torch.clamp(ratio, 1 - cfg.clip_eps, 1 + eps_high)
-    per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, T)
+    per_token = core.clipped_token_loss(logps, old_logps, advantages, cfg.clip_eps,
+                                        cfg.clip_eps_high)  # (B, T)
     kl = None
     if cfg.beta != 0.0:
         if ref_logps is None:
             raise ValueError("beta != 0 needs ref_logps")
         kl = core.kl_estimate(logps, ref_logps, cfg.kl_estimator)  # (B, T)
         per_token = per_token + cfg.beta * kl
-    if cfg.loss_agg == "seq_mean":
-        loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-    elif cfg.loss_agg == "token_mean":
-        loss = (per_token * m).sum() / m.sum().clamp(min=1.0)
-    else:
-        T = max_completion_length or logps.shape[1]
-        loss = (per_token * m).sum() / (logps.shape[0] * T)
-    with torch.no_grad():
-        adv_b = adv.expand_as(ratio)
-        clipped = ((ratio < 1 - cfg.clip_eps) & (adv_b < 0)) | ((ratio > 1 + eps_high) & (adv_b > 0))
-        metrics = {"clip_ratio": core.masked_mean(clipped.to(m.dtype), m).item()}
-        if kl is not None:
-            metrics["kl"] = core.masked_mean(kl, m).item()
+    loss = core.aggregate(per_token, mask, cfg.loss_agg, max_len)
+    metrics = core.clip_stats(logps, old_logps, advantages, mask, cfg.clip_eps, cfg.clip_eps_high)
+    if kl is not None:
+        with torch.no_grad():
+            metrics["kl"] = core.masked_mean(kl, mask).item()
     return loss, metrics
-
-
-def format_prompts(tokenizer, problems: list[dict]) -> list[str]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                          add_generation_prompt=True, tokenize=False)
-            for p in problems]
 
 
 def score(reward_funcs, texts: list[str], problems: list[dict]) -> Tensor:
@@ -185,47 +188,53 @@ def score(reward_funcs, texts: list[str], problems: list[dict]) -> Tensor:
     return total
 
 
-@torch.no_grad()
-def evaluate(model, tokenizer, problems: list[dict], reward_fn, max_new_tokens: int,
-             batch_size: int = 256) -> float:
-    """Greedy accuracy: mean of ``reward_fn`` over the panel."""
-    from agentrl_lib.rollout import generate
-
-    model.eval()
-    total = 0.0
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        gen = generate(model, tokenizer, format_prompts(tokenizer, chunk), max_new_tokens, greedy=True)
-        total += score([reward_fn], gen.texts, chunk).sum().item()
-    return total / len(problems)
+def turn_advantages(episodes, cfg: GRPOConfig) -> list[np.ndarray]:
+    """One advantage per turn of each episode, by ``cfg.estimator`` ('grpo' or 'gigpo')."""
+    if cfg.estimator == "grpo":
+        return credit.grpo_broadcast(episodes)
+    if cfg.estimator == "gigpo":
+        return credit.gigpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega)
+    raise ValueError(f"estimator {cfg.estimator!r} has no multi-turn form; choose one of "
+                     f"{TURN_ESTIMATORS}")
 
 
-def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg: GRPOConfig,
-          eval_problems: list[dict] | None = None, eval_reward=None, logger=None,
-          ref_model=None, on_step=None) -> list[dict]:
-    """The loop: sample prompts, generate G completions each, score, advantages, update.
+# --- sampling ------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One sampling round, what an update trains on."""
 
-    Returns the logged rows (step, reward, eval accuracy when measured, timings, loss metrics).
-    ``ref_model`` is needed only when cfg.beta != 0.
-    """
-    import random
+    seqs: Generation
+    """prompts (B, P), completions or conversations (B, T), masks and the sampling log-probs"""
+    rewards: Tensor
+    """(B,) the score of each completion, or the return of each episode"""
+    metrics: dict = field(default_factory=dict)
+    """``rollout/*`` and ``time/gen_s`` of the round"""
+    problems: list | None = None
+    """single-turn: the problem of each row (prompt-major: group i is rows i*G .. i*G + G-1)"""
+    episodes: list | None = None
+    """multi-turn: the ``Episode`` record of each row"""
+    advantages: Tensor | None = None
+    """(B,) per sequence or (B, T) per token, set by ``advantages``"""
+    max_len: int | None = None
+    """the constant of 'const_norm' (the completion budget); None: T"""
 
-    from agentrl_lib.rollout import generate, sequence_logps
 
-    rng = random.Random(cfg.seed)
-    gen_rng = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    rows = []
-    eval_reward = eval_reward or reward_funcs[0]
-    for it in range(cfg.num_iters + 1):
-        row = {"step": it}
-        if eval_problems is not None and (it % cfg.eval_every == 0 or it == cfg.num_iters):
-            row["eval_acc"] = evaluate(model, tokenizer, eval_problems, eval_reward, cfg.max_new_tokens)
-        if it == cfg.num_iters:
-            rows.append(row)
-            if logger:
-                logger.log(**row)
-            break
+def _draws(population, cfg, what: str):
+    """The two generators of a sampler, seeded by ``cfg.seed``: which prompts (python's random)
+    and which tokens (torch)."""
+    if len(population) < cfg.num_prompts:
+        raise ValueError(f"num_prompts={cfg.num_prompts} is more than the {len(population)} "
+                         f"training {what}")
+    return random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
+
+
+def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list, cfg):
+    """``sample(model) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
+    generate ``cfg.group_size`` completions of each at ``cfg.temperature`` within
+    ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``."""
+    rng, gen_rng = _draws(train_problems, cfg, "problems")
+
+    def sample(model) -> Batch:
         t0 = time.time()
         batch = rng.sample(train_problems, cfg.num_prompts)
         problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
@@ -233,41 +242,138 @@ def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg:
         gen = generate(model, tokenizer, format_prompts(tokenizer, problems), cfg.max_new_tokens,
                        temperature=cfg.temperature, generator=gen_rng)
         t_gen = time.time() - t0
-        device = gen.logps.device  # rewards and advantages live with the model (CPU or CUDA)
-        rewards = score(reward_funcs, gen.texts, problems).to(device)  # (B*G,)
-        lengths = gen.completion_mask.sum(-1)
+        rewards = score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B*G,)
+        return Batch(gen, rewards, {"rollout/reward": rewards.mean().item(),
+                                    "rollout/completion_len": gen.completion_mask.sum(-1).float().mean().item(),
+                                    "time/gen_s": t_gen},
+                     problems=problems, max_len=cfg.max_new_tokens)
+    return sample
+
+
+def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
+                    system_prompt: str | None = None):
+    """``sample(model) -> Batch``: draw ``cfg.num_prompts`` task seeds (seeded by ``cfg.seed``),
+    play ``cfg.group_size`` episodes of each with ``rollout.lm_rollout`` (at most ``cfg.max_turns``
+    turns of ``cfg.max_new_tokens`` tokens). The rows are whole conversations; the loss mask covers
+    the agent's tokens. system_prompt: None uses the environment's."""
+    rng, gen = _draws(train_seeds, cfg, "task seeds")
+
+    def sample(model) -> Batch:
+        t0 = time.perf_counter()
+        seeds = rng.sample(list(train_seeds), cfg.num_prompts)
+        eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, cfg.max_turns,
+                         cfg.max_new_tokens, cfg.temperature, gen, system_prompt)
+        t_gen = time.perf_counter() - t0
+        device = next(model.parameters()).device
+        seqs = pad_episodes(eps, tokenizer.pad_token_id, device)
+        returns = torch.tensor([ep.ret for ep in eps], dtype=torch.float32, device=device)
+        return Batch(seqs, returns, {"rollout/reward": float(np.mean([ep.ret for ep in eps])),
+                                     **episode_stats(eps, "rollout/"), "time/gen_s": t_gen},
+                     episodes=eps)
+    return sample
+
+
+def episode_stats(episodes, prefix: str = "") -> dict:
+    """Success rate, mean return, turns and invalid-action rate of a list of episodes."""
+    return {f"{prefix}success": float(np.mean([ep.success for ep in episodes])),
+            f"{prefix}return": float(np.mean([ep.ret for ep in episodes])),
+            f"{prefix}turns": float(np.mean([len(ep) for ep in episodes])),
+            f"{prefix}invalid": float(np.mean([1 - np.mean(ep.valid) for ep in episodes]))}
+
+
+# --- advantages and the update -------------------------------------------------------------------
+def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None) -> Batch:
+    """The batch with ``advantages`` set and the rows the update should not see removed.
+
+    Single-turn: DAPO's overlong penalty is added to the rewards (then ``rollout/reward`` is the
+    shaped mean), ``core.group_advantages`` of the (num_prompts, group_size) rewards, then overlong
+    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``
+    spread over each turn's action tokens (``credit.to_token_advantages``), (B, T).
+    ``rollout/kept_frac`` is the fraction of rows kept.
+    """
+    g, metrics = batch.seqs, dict(batch.metrics)
+    if batch.episodes is not None:
+        if cfg.overlong_buffer > 0 or cfg.overlong_filter:
+            raise ValueError("overlong_buffer and overlong_filter are single-turn options")
+        tok_adv = credit.to_token_advantages(batch.episodes, turn_advantages(batch.episodes, cfg))
+        T = g.completion_ids.shape[1]
+        adv = torch.stack([F.pad(a, (0, T - len(a))) for a in tok_adv]).to(g.logps.device)  # (B, T)
+        rewards = batch.rewards
+    else:
+        rewards = batch.rewards
         if cfg.overlong_buffer > 0:
+            lengths = g.completion_mask.sum(-1)
             rewards = rewards + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
-                                                 cfg.overlong_penalty).to(device)
-        adv = compute_advantages(rewards.view(cfg.num_prompts, cfg.group_size), cfg).reshape(-1)
-        keep = torch.ones_like(rewards, dtype=torch.bool)
-        if cfg.overlong_filter:
-            keep &= (gen.completion_ids == tokenizer.eos_token_id).any(-1)
-        if cfg.dynamic_sampling:
-            std = rewards.view(cfg.num_prompts, cfg.group_size).std(-1)
-            keep &= (std > 0).repeat_interleave(cfg.group_size)
-        row.update(reward=rewards.mean().item(), completion_len=lengths.float().mean().item(),
-                   kept_frac=keep.float().mean().item(), gen_s=t_gen)
-        if keep.any():
-            idx = keep.nonzero().squeeze(-1)
-            args = (gen.prompt_ids[idx], gen.prompt_mask[idx], gen.completion_ids[idx],
-                    gen.completion_mask[idx])
-            ref_logps = None
-            if cfg.beta != 0.0:
-                with torch.no_grad():
-                    ref_logps, _ = sequence_logps(ref_model, *args, temperature=cfg.temperature)
-            model.train()
-            for _ in range(cfg.num_inner_epochs):
-                logps, ents = sequence_logps(model, *args, temperature=cfg.temperature)
-                loss, m = policy_loss(logps, gen.logps[idx], adv[idx], gen.completion_mask[idx],
-                                      cfg, ref_logps, cfg.max_new_tokens)
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                opt.step()
-            row.update(loss=loss.item(), entropy=core.masked_mean(
-                ents.detach(), gen.completion_mask[idx]).item(), **m)
-        row["step_s"] = time.time() - t0
+                                                 cfg.overlong_penalty).to(rewards.device)
+            metrics["rollout/reward"] = rewards.mean().item()
+        adv = core.group_advantages(rewards.view(-1, cfg.group_size), cfg.estimator,
+                                    ddof=cfg.std_ddof).reshape(-1)  # (B*G,)
+    keep = torch.ones_like(rewards, dtype=torch.bool)
+    if cfg.overlong_filter and batch.episodes is None:
+        if eos_id is None:
+            raise ValueError("overlong_filter needs eos_id")
+        keep &= (g.completion_ids == eos_id).any(-1)
+    if cfg.dynamic_sampling:
+        std = rewards.view(-1, cfg.group_size).std(-1)
+        keep &= (std > 0).repeat_interleave(cfg.group_size)
+    metrics["rollout/kept_frac"] = keep.float().mean().item()
+    idx = keep.nonzero().squeeze(-1)
+    pick = (lambda xs: [xs[i] for i in idx.tolist()]) if not keep.all() else (lambda xs: xs)
+    return replace(batch, seqs=g.select(idx) if not keep.all() else g, rewards=rewards[idx],
+                   advantages=adv[idx], metrics=metrics,
+                   problems=None if batch.problems is None else pick(batch.problems),
+                   episodes=None if batch.episodes is None else pick(batch.episodes))
+
+
+def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None) -> dict:
+    """``cfg.num_epochs`` steps of ``policy_loss`` on the batch (``advantages`` set). Returns the
+    last step's ``losses/*``; nothing when every row was filtered out."""
+    g = batch.seqs
+    if g.completion_ids.shape[0] == 0:
+        return {}
+    ref_logps = None
+    if cfg.beta != 0.0:
+        if ref_model is None:
+            raise ValueError("beta != 0 needs ref_model")
+        with torch.no_grad():
+            ref_logps, _ = generation_logps(ref_model, g, cfg.temperature)
+    model.train()
+    for _ in range(cfg.num_epochs):
+        logps, ents = generation_logps(model, g, cfg.temperature)  # (B, T) each
+        loss, m = policy_loss(logps, g.logps, batch.advantages, g.loss_mask, cfg, ref_logps,
+                              batch.max_len)
+        optimizer_step(optimizer, loss, cfg.max_grad_norm)
+    model.eval()
+    return {"losses/loss": loss.item(),
+            "losses/entropy": core.masked_mean(ents.detach(), g.loss_mask).item(),
+            **{f"losses/{k}": v for k, v in m.items()}}
+
+
+# --- the loop --------------------------------------------------------------------------------------
+def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=None, logger=None,
+         on_step=None) -> list[dict]:
+    """The frame every LM trainer here shares: for each of ``num_iters`` updates, evaluate (every
+    ``eval_every`` updates, and after the last), ``sample(model) -> Batch``, ``update_fn(batch) ->
+    dict``, and log one row: the batch's metrics, then the update's (which may replace some, e.g.
+    the shaped reward). ``evaluate(model) -> dict`` goes in under ``eval/``; ``logger`` is a
+    ``utils.MetricsLogger``; ``on_step(row)`` is called after each update. Returns the rows."""
+    rows = []
+    for it in range(num_iters + 1):
+        row = {"iter": it}
+        if evaluate is not None and (it % eval_every == 0 or it == num_iters):
+            t0 = time.perf_counter()
+            row.update({f"eval/{k}": v for k, v in evaluate(model).items()})
+            row["time/eval_s"] = time.perf_counter() - t0
+        if it == num_iters:
+            rows.append(row)
+            if logger:
+                logger.log(**row)
+            break
+        t0 = time.time()
+        batch = sample(model)
+        row.update(batch.metrics)
+        row.update(update_fn(batch))
+        row["time/step_s"] = time.time() - t0
         rows.append(row)
         if logger:
             logger.log(**row)
@@ -275,3 +381,45 @@ def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg:
             on_step(row)
     model.eval()
     return rows
+
+
+def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
+          on_step=None, eos_id: int | None = None) -> list[dict]:
+    """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
+    ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
+    each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
+    ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``. Returns the logged rows (``loop``)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+    def update_fn(batch: Batch) -> dict:
+        batch = advantages(batch, cfg, eos_id)
+        return {**batch.metrics, **update(model, opt, batch, cfg, ref_model)}
+
+    return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model, tokenizer, problems: list[dict], reward_fn, max_new_tokens: int,
+             batch_size: int = 256) -> dict:
+    """Greedy accuracy on a panel: {'acc': mean of ``reward_fn`` over the problems}."""
+    model.eval()
+    total = 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        gen = generate(model, tokenizer, format_prompts(tokenizer, chunk), max_new_tokens, greedy=True)
+        total += score([reward_fn], gen.texts, chunk).sum().item()
+    return {"acc": total / len(problems)}
+
+
+@torch.no_grad()
+def evaluate_agent(model, tokenizer, make_env, seeds: list[int], max_turns: int,
+                   max_new_tokens: int, samples: int = 1, temperature: float = 1.0,
+                   seed: int = 0, system_prompt: str | None = None) -> dict:
+    """Success rate, mean return, turns and invalid-action rate on a fixed panel of task seeds.
+    samples=0: greedy, one episode per seed; else ``samples`` episodes per seed, sampled with a
+    generator seeded by ``seed`` (the same draws at every call)."""
+    eps = lm_rollout(model, tokenizer, make_env, seeds, max(samples, 1), max_turns, max_new_tokens,
+                     temperature, torch.Generator().manual_seed(seed), system_prompt,
+                     greedy=samples == 0)
+    return episode_stats(eps)

@@ -11,7 +11,8 @@ estimator here is
 
     g_hat = 1/(B G) sum_{b, i} A_{b,i} sum_t grad log pi(a_{b,i,t} | s_{b,i,t})          (1)
 
-and differs only in the advantage A_{b,i} built from the rewards r (B, G):
+and differs only in the advantage A_{b,i} built from the rewards r (B, G), by
+``core.group_advantages``:
 
     'reinforce'   A = r                                    no baseline (Williams 1992)
     'batch_mean'  A = r - mean of all B*G rewards          the mean includes r_{b,i} itself
@@ -38,36 +39,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from agentrl_lib.core import grpo_advantages, masked_mean, reinforce_advantages, rloo_advantages
+from agentrl_lib.core import ESTIMATORS as ALL_ESTIMATORS
+from agentrl_lib.core import group_advantages, masked_mean
 from agentrl_lib.envs.token_tree import TokenTreeMDP
+from agentrl_lib.models.policies import PromptSetPolicy
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
-ESTIMATORS = ("reinforce", "batch_mean", "rloo", "grpo", "dr_grpo")
-
-
-def pg_advantages(rewards: Tensor, estimator: str, ddof: int = 1, eps: float = 1e-4) -> Tensor:
-    """Per-sample advantages A_{b,i} for eq. (1). rewards: (..., B, G) -> (..., B, G).
-
-    Leading axes (e.g. independent draws K) are kept apart; 'batch_mean' averages over the last
-    two axes (the B*G rewards of one batch), the group estimators over the last one.
-
-    >>> r = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
-    >>> pg_advantages(r, "rloo").mul(3).tolist()
-    [[2.0, -2.0, -2.0, 2.0]]
-    >>> pg_advantages(r, "dr_grpo").tolist()
-    [[0.5, -0.5, -0.5, 0.5]]
-    """
-    if estimator == "reinforce":
-        return reinforce_advantages(rewards)
-    if estimator == "batch_mean":
-        return reinforce_advantages(rewards, rewards.mean(dim=(-2, -1), keepdim=True))
-    if estimator == "rloo":
-        return rloo_advantages(rewards)
-    if estimator == "grpo":
-        return grpo_advantages(rewards, scale=True, ddof=ddof, eps=eps)
-    if estimator == "dr_grpo":
-        return grpo_advantages(rewards, scale=False)
-    raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+# the estimators of eq. (1) analysed here (``core.group_advantages`` computes them all; Lite-PPO's
+# batch std is left to the LM notebooks)
+ESTIMATORS = tuple(e for e in ALL_ESTIMATORS if e != "lite_ppo")
 
 
 def pg_surrogate_loss(
@@ -159,29 +140,6 @@ def stack_rewards(trees: list[TokenTreeMDP]) -> Tensor:
     return torch.stack([t.reward for t in trees])
 
 
-class PromptSetPolicy(torch.nn.Module):
-    """B independent TabularTreePolicy tables, stacked: logits[d] (B, V^d, V), zeros = uniform."""
-
-    def __init__(self, num_prompts: int, vocab_size: int, depth: int):
-        super().__init__()
-        self.B, self.V, self.H = num_prompts, vocab_size, depth
-        self.logits = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.zeros(num_prompts, vocab_size**d, vocab_size,
-                                            dtype=torch.float64)) for d in range(depth)])
-
-    def probs(self) -> list[Tensor]:
-        return [torch.softmax(lg, -1) for lg in self.logits]  # H x (B, V^d, V)
-
-    def log_prob(self, nodes: Tensor, tokens: Tensor) -> Tensor:
-        """Per-step log pi(a_d | node_d): nodes, tokens (B, N, H) -> (B, N, H)."""
-        out = []
-        for d in range(self.H):
-            logp = torch.log_softmax(self.logits[d], -1)  # (B, V^d, V)
-            rows = logp.gather(1, nodes[..., d:d + 1].expand(-1, -1, self.V))  # (B, N, V)
-            out.append(rows.gather(-1, tokens[..., d:d + 1]))  # (B, N, 1)
-        return torch.cat(out, -1)
-
-
 def expected_rewards(reward: Tensor, probs: list[Tensor]) -> Tensor:
     """Exact J_b = P(correct leaf | prompt b) by the backward recursion V_d = sum_a pi Q_d. (B,)
 
@@ -264,7 +222,7 @@ def sampled_gradients(reward: Tensor, policy: PromptSetPolicy, estimator: str, g
         tokens = tokens.reshape(b, num_draws, group_size, h).transpose(0, 1)  # (K, B, G, H)
         nodes = nodes.reshape(b, num_draws, group_size, h).transpose(0, 1)  # (K, B, G, H)
         rewards = r.reshape(b, num_draws, group_size).transpose(0, 1) + reward_shift  # (K, B, G)
-        adv = pg_advantages(rewards, estimator, ddof=ddof, eps=eps)  # (K, B, G)
+        adv = group_advantages(rewards, estimator, ddof=ddof, eps=eps)  # (K, B, G)
         grads = tabular_score_gradient(probs, nodes, tokens, adv / (b * group_size))
     return grads, rewards
 
@@ -278,8 +236,8 @@ class PGConfig:
     """advantage estimator: 'reinforce' | 'batch_mean' | 'rloo' | 'grpo' | 'dr_grpo'"""
     group_size: int = 8
     """G responses sampled per prompt per update (the budget: B*G responses per update)"""
-    num_updates: int = 200
-    """gradient steps"""
+    num_iters: int = 200
+    """gradient steps (one sampling round each)"""
     lr: float = 1.0
     """SGD step size on the logits, the same for every estimator"""
     ddof: int = 1
@@ -295,9 +253,10 @@ class PGConfig:
 def train_pg(trees: list[TokenTreeMDP], cfg: PGConfig) -> dict:
     """Train a PromptSetPolicy from uniform with eq. (1); J is evaluated exactly after each update.
 
-    trees: the B prompts (same V and H). Returns {'J': (num_updates + 1) values of the exact mean
-    pass@1, before the first update and after each; 'J_per_prompt': (num_updates + 1, B);
-    'samples': responses drawn by each point; 'metrics': per-update dicts; 'policy'; 'config'}.
+    trees: the B prompts (same V and H). Returns {'J': (num_iters + 1) values of the exact mean
+    pass@1, before the first update and after each; 'J_per_prompt': (num_iters + 1, B);
+    'samples': responses drawn by each point; 'metrics': one row per update (``rollout/reward``
+    and the ``losses/*`` of ``pg_surrogate_loss``); 'policy'; 'config'}.
     """
     gen = torch.Generator().manual_seed(cfg.seed)
     reward = stack_rewards(trees)  # (B, V^H)
@@ -307,19 +266,16 @@ def train_pg(trees: list[TokenTreeMDP], cfg: PGConfig) -> dict:
     with torch.no_grad():
         per_prompt = [expected_rewards(reward, policy.probs())]
     rows = []
-    for _ in range(cfg.num_updates):
+    for _ in range(cfg.num_iters):
         with torch.no_grad():
             tokens, nodes, r = sample_responses(reward, policy.probs(), cfg.group_size, gen)
         r = r + cfg.reward_shift  # (B, G)
-        adv = pg_advantages(r, cfg.estimator, ddof=cfg.ddof, eps=cfg.eps)  # (B, G)
+        adv = group_advantages(r, cfg.estimator, ddof=cfg.ddof, eps=cfg.eps)  # (B, G)
         loss, m = pg_surrogate_loss(policy.log_prob(nodes, tokens), adv)  # logps (B, G, H)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
         with torch.no_grad():
             per_prompt.append(expected_rewards(reward, policy.probs()))
-        m["reward_mean"] = r.mean().item()
-        rows.append(m)
+        rows.append({"rollout/reward": r.mean().item(), **{f"losses/{k}": v for k, v in m.items()}})
     per_prompt = torch.stack(per_prompt)  # (U + 1, B)
     n = b * cfg.group_size
     return {"J": per_prompt.mean(-1).tolist(), "J_per_prompt": per_prompt.tolist(),

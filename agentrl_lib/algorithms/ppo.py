@@ -1,12 +1,14 @@
 """PPO with GAE for discrete actions, CleanRL's ``ppo.py`` made readable top to bottom.
 
-One config dataclass (``PPOConfig``), two pure loss functions (``value_loss``, ``ppo_losses``),
-one update (``ppo_update``: epochs x minibatches on a rollout), the training loop (``train``) on
-gymnasium vector environments, and ``evaluate``. ``TabularGymEnv`` lets the same loop train on a
-``TabularMDP`` (one-hot observations), so the learned policy can be scored with the exact oracles.
+One config dataclass (``PPOConfig``), the pure total loss (``ppo_losses``), one update
+(``ppo_update``: epochs x minibatches on a rollout), the training loop (``train``) on gymnasium
+vector environments, and ``evaluate``. ``envs.tabular_gym.TabularGymEnv`` lets the same loop train
+on a ``TabularMDP`` (one-hot observations), so the learned policy can be scored with the exact
+oracles (``tabular_policy``, ``tabular_values``).
 
-The advantage and the clipped surrogate come from ``agentrl_lib.core`` (``gae_advantages``,
-``ppo_clip_loss``); nothing here re-derives them.
+The advantage, the clipped surrogate, the value loss, the advantage normalisation and the explained
+variance come from ``agentrl_lib.core`` (``gae_advantages``, ``ppo_clip_loss``, ``value_loss``,
+``whiten``, ``explained_variance``); nothing here re-derives them.
 
 Autoreset. gymnasium 1.x vector envs reset a finished sub-environment on the *next* call to
 ``step`` by default (``AutoresetMode.NEXT_STEP``: that call ignores the action and returns the
@@ -39,7 +41,6 @@ and CleanRL's ``ppo.py`` (Huang et al. 2022, JMLR 23(274)), whose defaults ``PPO
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -47,10 +48,10 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from agentrl_lib import core
 from agentrl_lib.models.policies import ActorCritic
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 
@@ -81,8 +82,8 @@ class PPOConfig:
     """GAE lambda (CleanRL ``--gae-lambda``)"""
     num_minibatches: int = 4
     """minibatches per epoch (CleanRL); must divide batch_size"""
-    update_epochs: int = 4
-    """passes over each rollout (CleanRL)"""
+    num_epochs: int = 4
+    """passes over each rollout (CleanRL ``--update-epochs``)"""
     norm_adv: bool = True
     """normalise advantages to zero mean, unit std within each minibatch (CleanRL)"""
     clip_eps: float = 0.2
@@ -119,7 +120,7 @@ class PPOConfig:
             (0.0 <= self.gamma <= 1.0, "gamma must be in [0, 1]"),
             (0.0 <= self.lam <= 1.0, "lam must be in [0, 1]"),
             (self.num_minibatches >= 1, "num_minibatches must be >= 1"),
-            (self.update_epochs >= 1, "update_epochs must be >= 1"),
+            (self.num_epochs >= 1, "num_epochs must be >= 1"),
             (self.clip_eps > 0, "clip_eps must be > 0"),
             (self.ent_coef >= 0, "ent_coef must be >= 0"),
             (self.vf_coef >= 0, "vf_coef must be >= 0"),
@@ -151,32 +152,11 @@ class PPOConfig:
         return self.batch_size // self.num_minibatches
 
     @property
-    def num_iterations(self) -> int:
+    def num_iters(self) -> int:
         return self.total_timesteps // self.batch_size
 
 
-# --- pure losses ---------------------------------------------------------------------------
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, clip_eps: float, clip: bool = True
-) -> Tensor:
-    """0.5 * mean[(V - R)^2], or with clipping (openai/baselines, CleanRL):
-
-    V_clip = V_old + clip(V - V_old, -eps, eps);  L = 0.5 * mean[max((V - R)^2, (V_clip - R)^2)]
-
-    values, old_values, returns: (B,). Returns a scalar.
-    """
-    unclipped = (values - returns) ** 2  # (B,)
-    if not clip:
-        return 0.5 * unclipped.mean()
-    v_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)  # (B,)
-    return 0.5 * torch.maximum(unclipped, (v_clipped - returns) ** 2).mean()
-
-
-def normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / (std + eps), std with ddof=1 as torch.std: CleanRL's norm_adv."""
-    return (x - x.mean()) / (x.std() + eps)
-
-
+# --- the pure loss ---------------------------------------------------------------------------
 def ppo_losses(
     logps: Tensor,
     old_logps: Tensor,
@@ -191,32 +171,26 @@ def ppo_losses(
 
     L = L_clip(theta) - ent_coef * mean[H(pi(.|s))] + vf_coef * L_V
 
-    with L_clip from ``core.ppo_clip_loss`` on (normalised, if ``cfg.norm_adv``) advantages and
-    L_V from ``value_loss``. All inputs (B,). Returns (loss, metrics).
+    with L_clip from ``core.ppo_clip_loss`` on advantages whitened when ``cfg.norm_adv`` (CleanRL:
+    ddof 1, divided by std + 1e-8, per minibatch) and L_V from ``core.value_loss``. All inputs
+    (B,). Returns (loss, metrics).
     """
     if cfg.norm_adv:
-        advantages = normalize(advantages)
+        advantages = core.whiten(advantages, ddof=1, eps=1e-8)
     pg_loss, m = core.ppo_clip_loss(logps, old_logps, advantages, clip_eps=cfg.clip_eps)
-    v_loss = value_loss(values, old_values, returns, cfg.clip_eps, cfg.clip_vloss)
+    v_loss = core.value_loss(values, old_values, returns, cfg.clip_eps, cfg.clip_vloss)
     ent = entropy.mean()
     loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
     with torch.no_grad():
         old_kl = (old_logps - logps).mean().item()
     return loss, {
-        "losses/policy_loss": pg_loss.item(),
-        "losses/value_loss": v_loss.item(),
-        "losses/entropy": ent.item(),
-        "losses/old_approx_kl": old_kl,
-        "losses/approx_kl": m["approx_kl"],
-        "losses/clipfrac": m["clipfrac"],
+        "policy_loss": pg_loss.item(),
+        "value_loss": v_loss.item(),
+        "entropy": ent.item(),
+        "old_approx_kl": old_kl,
+        "approx_kl": m["approx_kl"],
+        "clipfrac": m["clipfrac"],
     }
-
-
-def explained_variance(values: Tensor, returns: Tensor) -> float:
-    """1 - Var[R - V] / Var[R]: 1 is a perfect critic, 0 no better than a constant; NaN if
-    Var[R] = 0."""
-    var_r = returns.var()
-    return float("nan") if var_r == 0 else (1.0 - (returns - values).var() / var_r).item()
 
 
 # --- one update ----------------------------------------------------------------------------
@@ -227,15 +201,15 @@ def ppo_update(
     cfg: PPOConfig,
     rng: np.random.Generator,
 ) -> dict[str, float]:
-    """``update_epochs`` passes over the flattened rollout in shuffled minibatches.
+    """``num_epochs`` passes over the flattened rollout in shuffled minibatches.
 
     batch: ``obs`` (N, obs_dim), ``actions``, ``logps``, ``advantages``, ``returns``, ``values``,
-    each (N,) with N = batch_size. Returns the last minibatch's metrics and the mean clipfrac.
+    each (N,) with N = batch_size. Returns the last minibatch's ``losses/*`` and the mean clipfrac.
     """
     n = batch["actions"].shape[0]
     mb = n // cfg.num_minibatches
     clipfracs, metrics = [], {}
-    for _ in range(cfg.update_epochs):
+    for _ in range(cfg.num_epochs):
         order = rng.permutation(n)
         for start in range(0, n, mb):
             idx = torch.as_tensor(order[start : start + mb], device=batch["actions"].device)
@@ -244,15 +218,12 @@ def ppo_update(
                 logps, batch["logps"][idx], batch["advantages"][idx], values,
                 batch["values"][idx], batch["returns"][idx], entropy, cfg,
             )
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            clipfracs.append(metrics["losses/clipfrac"])
-        if cfg.target_kl is not None and metrics["losses/approx_kl"] > cfg.target_kl:
+            optimizer_step(optimizer, loss, cfg.max_grad_norm)
+            clipfracs.append(metrics["clipfrac"])
+        if cfg.target_kl is not None and metrics["approx_kl"] > cfg.target_kl:
             break
-    metrics["losses/clipfrac"] = float(np.mean(clipfracs))
-    return metrics
+    metrics["clipfrac"] = float(np.mean(clipfracs))
+    return {f"losses/{k}": v for k, v in metrics.items()}
 
 
 # --- the training loop ---------------------------------------------------------------------
@@ -337,8 +308,8 @@ def _train(cfg, make_env, agent, on_iteration):
     obs_np, _ = envs.reset(seed=cfg.seed)
     envs.action_space.seed(cfg.seed)
     obs = torch.as_tensor(obs_np, dtype=torch.float32, device=dev).reshape(N, obs_dim)
-    for iteration in range(1, cfg.num_iterations + 1):
-        frac = 1.0 - (iteration - 1.0) / cfg.num_iterations  # CleanRL: 1 at the start, -> 0
+    for iteration in range(1, cfg.num_iters + 1):
+        frac = 1.0 - (iteration - 1.0) / cfg.num_iters  # CleanRL: 1 at the start, -> 0
         lr_now = frac * cfg.lr if cfg.anneal_lr else cfg.lr
         optimizer.param_groups[0]["lr"] = lr_now
 
@@ -383,7 +354,7 @@ def _train(cfg, make_env, agent, on_iteration):
             "global_step": global_step,
             "charts/learning_rate": lr_now,
             "charts/SPS": global_step / (time.time() - t0),
-            "losses/explained_variance": explained_variance(batch["values"], batch["returns"]),
+            "losses/explained_variance": core.explained_variance(batch["values"], batch["returns"]),
         })
         log.updates.append(row)
         if on_iteration is not None:
@@ -401,11 +372,12 @@ def evaluate(
     num_episodes: int = 10,
     greedy: bool = True,
     seed: int = 10_000,
-) -> np.ndarray:
+) -> dict:
     """Undiscounted return of ``num_episodes`` full episodes of one env, reset with seed, seed+1...
 
     greedy=True takes argmax_a pi(a|s) (a deterministic policy); greedy=False samples from pi,
-    the policy that produced the training returns. Returns (num_episodes,) float array.
+    the policy that produced the training returns. Returns {'return': the mean, 'returns': the
+    (num_episodes,) list}.
     """
     env = make_env()
     dev = next(agent.parameters()).device
@@ -427,41 +399,7 @@ def evaluate(
             done = term or trunc
         out.append(total)
     env.close()
-    return np.asarray(out)
-
-
-# --- tabular MDPs as gymnasium envs ----------------------------------------------------------
-class TabularGymEnv(gym.Env):
-    """A ``TabularMDP`` as a gymnasium env with one-hot observations (S,) float32.
-
-    Each instance steps its own deep copy of the MDP, so a vector env of them shares nothing.
-    Episodes end on a terminal state (terminated) or after ``mdp.max_steps`` (truncated).
-    """
-
-    metadata = {"render_modes": []}
-
-    def __init__(self, mdp):
-        super().__init__()
-        self.mdp = copy.deepcopy(mdp)
-        S = mdp.num_states
-        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(S,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(mdp.num_actions)
-        self._eye = np.eye(S, dtype=np.float32)
-        self._seeded = False
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        # the MDP's own generator is seeded from gymnasium's on the first reset and on every
-        # seeded one, so reset(seed=k) repeats and unseeded copies do not move in lockstep
-        mdp_seed = None
-        if seed is not None or not self._seeded:
-            mdp_seed, self._seeded = int(self.np_random.integers(2**31)), True
-        s, info = self.mdp.reset(seed=mdp_seed)
-        return self._eye[s], {**info, "state": s}
-
-    def step(self, action):
-        s, r, term, trunc, info = self.mdp.step(int(action))
-        return self._eye[s], r, term, trunc, {**info, "state": s}
+    return {"return": float(np.mean(out)), "returns": out}
 
 
 def tabular_policy(agent: ActorCritic, num_states: int) -> Tensor:

@@ -2,9 +2,10 @@
 
 TRL removed its ``PPOTrainer``; this file is the method readable top to bottom: a config
 dataclass (``PPOLMConfig``), the value model (``ValueModel``, ``make_value_model``), pure
-functions of tensors (``token_rewards``, ``token_gae``, ``masked_whiten``, ``ppo_lm_losses``),
-one update (``ppo_update``) and the loop (``train``, same inputs and logged rows as
-``grpo.train``, so both can share a figure).
+functions of tensors (``token_rewards``, ``token_gae``, ``ppo_lm_losses``), one update
+(``ppo_update``) and the training (``train``): the GRPO family's frame (``grpo.loop``) fed by the
+same sampling function (``grpo.completion_sampler``), with the critic's update in place of
+GRPO's, so both log the same rows and share a figure.
 
 The MDP. A prompt is the first state; each completion token is an action; the state s_t is the
 prompt plus the first t completion tokens. With a verifiable reward the environment pays the
@@ -34,9 +35,10 @@ Conventions (each a choice where implementations differ):
   padding after it, and values/rewards zeroed on padding, so nothing after the end leaks into an
   advantage. gamma = 1, lam = 0.95 (Huang et al. 2024, TRL's PPOConfig).
 - Advantages are whitened over the real tokens of the whole batch before the epochs (Huang et al.
-  2024 whiten the batch; CleanRL whitens each minibatch).
+  2024 whiten the batch; CleanRL whitens each minibatch): ``core.whiten`` with ddof 0 and eps in
+  the square root, as TRL's ``masked_whiten``.
 - Policy and value losses are token-level means over the real tokens of a minibatch (TRL's PPO,
-  Huang et al. 2024); the value loss is clipped around the rollout's values (``ppo.value_loss``).
+  Huang et al. 2024); the value loss is clipped around the rollout's values (``core.value_loss``).
 - The KL penalty in the reward uses ``kl_estimator`` (k1 = log pi - log pi_ref per token, the RLHF
   choice); it is a reward, so it enters the advantages, not the loss.
 - One AdamW (no weight decay, as ``grpo.train``) with two parameter groups: the policy at ``lr``,
@@ -47,29 +49,29 @@ Conventions (each a choice where implementations differ):
   its logits after the head (e.g. Gemma 2's soft-capping) needs the separate path.
 
 Logged row keys (one row per update; ``grpo.train``'s names where they overlap):
-``step``, ``reward`` (mean outcome score), ``completion_len``, ``gen_s`` (generation seconds),
-``step_s`` (the whole update: generation, scoring, critic, epochs), ``eval_acc`` (greedy held-out
-accuracy, every ``eval_every``), ``loss``/``pg_loss``/``vf_loss``/``clipfrac``/``approx_kl``/
-``vf_clipfrac`` (means over the epochs' minibatches), ``entropy``, ``explained_var`` (1 - Var[R-V] /
-Var[R] over real tokens, R the GAE returns, as ``ppo.explained_variance``), ``explained_var_mc``
-(the same against the Monte-Carlo return, the sum of the rewards still to come), ``value_mean``,
-``return_mean``, ``kl`` (mean per-token KL to the reference, when beta > 0).
+``iter``, ``rollout/reward`` (mean outcome score), ``rollout/completion_len``, ``time/gen_s``
+(generation seconds), ``time/step_s`` (the whole update: generation, scoring, critic, epochs),
+``eval/*`` (the ``evaluate`` callback's dict, every ``eval_every``), ``losses/loss``,
+``losses/policy_loss``, ``losses/value_loss``, ``losses/clipfrac``, ``losses/approx_kl``,
+``losses/vf_clipfrac`` (means over the epochs' minibatches), ``losses/entropy``,
+``losses/explained_variance`` (1 - Var[R-V] / Var[R] over real tokens, R the GAE returns,
+``core.explained_variance``), ``losses/explained_variance_mc`` (the same against the Monte-Carlo
+return, the sum of the rewards still to come), ``losses/value_mean``, ``losses/return_mean``,
+``losses/kl`` (mean per-token KL to the reference, when beta > 0).
 """
 
 from __future__ import annotations
 
 import copy
-import random
-import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from agentrl_lib import core
 from agentrl_lib.algorithms import grpo
-from agentrl_lib.algorithms.ppo import explained_variance, value_loss
+from agentrl_lib.rollout import join_sequences, logps_from_logits, sequence_logps
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 CRITICS = ("separate", "shared")
@@ -99,10 +101,10 @@ class PPOLMConfig:
     value clipping off"""
     vf_coef: float = 0.1
     """weight of the value loss in the total loss (Huang et al. 2024; TRL PPOConfig)"""
-    whiten_advantages: bool = True
-    """normalise advantages to zero mean, unit variance over the batch's real tokens"""
-    num_ppo_epochs: int = 4
-    """passes over each batch of completions (Huang et al. 2024; TRL PPOConfig)"""
+    norm_adv: bool = True
+    """whiten the advantages: zero mean, unit variance over the batch's real tokens"""
+    num_epochs: int = 4
+    """passes over each batch of completions (Huang et al. 2024; TRL PPOConfig num_ppo_epochs)"""
     num_minibatches: int = 1
     """minibatches per epoch (TRL PPOConfig: 1); must divide num_prompts * group_size"""
     num_prompts: int = 32
@@ -125,7 +127,7 @@ class PPOLMConfig:
     eval_every: int = 10
     """updates between greedy held-out evaluations (and at the end)"""
     seed: int = 0
-    """seeds the prompt draw and the sampling exactly as grpo.train does, and the minibatch
+    """seeds the prompt draw and the sampling (``grpo.completion_sampler``), and the minibatch
     shuffle"""
 
     def __post_init__(self):
@@ -138,7 +140,7 @@ class PPOLMConfig:
             (self.clip_eps > 0.0, "clip_eps must be > 0"),
             (self.clip_eps_value >= 0.0, "clip_eps_value must be >= 0"),
             (self.vf_coef >= 0.0, "vf_coef must be >= 0"),
-            (self.num_ppo_epochs >= 1, "num_ppo_epochs must be >= 1"),
+            (self.num_epochs >= 1, "num_epochs must be >= 1"),
             (self.num_minibatches >= 1, "num_minibatches must be >= 1"),
             (self.num_prompts >= 1, "num_prompts must be >= 1"),
             (self.group_size >= 1, "group_size must be >= 1"),
@@ -211,9 +213,7 @@ def logps_values(policy, critic: ValueModel, prompt_ids: Tensor, prompt_mask: Te
     Returns three (B, T) tensors, zero where completion_mask is 0. values[:, t] is read at the
     position that predicts token t, i.e. the state before token t. A shared trunk runs once.
     """
-    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
-    attn = torch.cat([prompt_mask, completion_mask], 1)  # (B, P+T)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     if critic.shares_trunk_with(policy):
         h = policy.base_model(input_ids=ids, attention_mask=attn,
@@ -225,9 +225,7 @@ def logps_values(policy, critic: ValueModel, prompt_ids: Tensor, prompt_mask: Te
         logits = policy(input_ids=ids, attention_mask=attn, position_ids=pos).logits
         logits = logits[:, P - 1:P + T - 1]  # (B, T, V)
         values = critic(ids, attn, pos)[:, P - 1:P + T - 1]  # (B, T)
-    logp_all = F.log_softmax(logits.float() / temperature, -1)  # (B, T, V)
-    logps = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1)  # (B, T)
-    ents = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    logps, ents = logps_from_logits(logits, completion_ids, temperature)  # (B, T) each
     m = completion_mask.to(logps.dtype)
     return logps * m, ents * m, values * m
 
@@ -237,9 +235,7 @@ def rollout_values(critic: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor,
                    completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
     """V(s_t) of the sampled completions without gradients (the rollout's ``old_values``), (B, T),
     zero on padding: one forward pass of the critic only (of the shared trunk when shared)."""
-    ids = torch.cat([prompt_ids, completion_ids], 1)  # (B, P+T)
-    attn = torch.cat([prompt_mask, completion_mask], 1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     values = critic(ids, attn, pos)[:, P - 1:P + T - 1]  # (B, T)
     return values * completion_mask.to(values.dtype)
@@ -307,31 +303,18 @@ def token_gae(r_t: Tensor, v_t: Tensor, completion_mask: Tensor, gamma: float = 
     return adv, (adv + v_t) * m
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over the entries where mask is 1 (population variance, as
-    TF's ``tf.nn.moments`` in lm-human-preferences and TRL's ``masked_whiten``); zero elsewhere.
-    ``shift_mean=False`` keeps the mean (used for rewards)."""
-    m = mask.to(x.dtype)
-    mean = core.masked_mean(x, m)
-    var = core.masked_mean((x - mean) ** 2, m)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out * m
-
-
 def ppo_lm_losses(logps: Tensor, old_logps: Tensor, advantages: Tensor, values: Tensor,
                   old_values: Tensor, returns: Tensor, mask: Tensor,
                   cfg: PPOLMConfig) -> tuple[Tensor, dict[str, float]]:
     """Total loss on one minibatch of tokens, to be minimised: L_clip + vf_coef * L_V.
 
-    L_clip is ``core.ppo_clip_loss`` (token mean over real tokens); L_V is ``ppo.value_loss`` on
+    L_clip is ``core.ppo_clip_loss`` (token mean over real tokens); L_V is ``core.value_loss`` on
     the real tokens (0.5 * mean max((V - R)^2, (V_clip - R)^2)). All inputs (B, T).
     """
     pg_loss, m = core.ppo_clip_loss(logps, old_logps, advantages, mask, clip_eps=cfg.clip_eps)
     real = mask.bool()
     v, v_old, ret = values[real], old_values[real], returns[real]  # (N,) real tokens only
-    v_loss = value_loss(v, v_old, ret, cfg.clip_eps_value, clip=cfg.clip_eps_value > 0)
+    v_loss = core.value_loss(v, v_old, ret, cfg.clip_eps_value, clip=cfg.clip_eps_value > 0)
     loss = pg_loss + cfg.vf_coef * v_loss
     with torch.no_grad():
         if cfg.clip_eps_value > 0:
@@ -339,18 +322,19 @@ def ppo_lm_losses(logps: Tensor, old_logps: Tensor, advantages: Tensor, values: 
             vf_clipfrac = ((v_clip - ret) ** 2 > (v - ret) ** 2).float().mean().item()
         else:
             vf_clipfrac = 0.0
-    return loss, {"pg_loss": pg_loss.item(), "vf_loss": v_loss.item(), "clipfrac": m["clipfrac"],
-                  "approx_kl": m["approx_kl"], "vf_clipfrac": vf_clipfrac}
+    return loss, {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(),
+                  "clipfrac": m["clipfrac"], "approx_kl": m["approx_kl"], "vf_clipfrac": vf_clipfrac}
 
 
 # --- one update ------------------------------------------------------------------------------
 def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, batch: dict,
                cfg: PPOLMConfig, shuffle: torch.Generator | None = None) -> dict[str, float]:
-    """``num_ppo_epochs`` passes over the batch in ``num_minibatches`` shuffled minibatches.
+    """``num_epochs`` passes over the batch in ``num_minibatches`` shuffled minibatches.
 
     batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``logps``
     (old), ``values`` (old), ``advantages``, ``returns``; (B, P) or (B, T) each.
-    Returns the means over all minibatches of the loss metrics, and the last entropy.
+    Returns the means over all minibatches of the loss metrics, and the last entropy, as
+    ``losses/*``.
     """
     B = batch["completion_ids"].shape[0]
     mb = B // cfg.num_minibatches
@@ -361,7 +345,8 @@ def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, bat
     n = 0
     policy.train()
     critic.train()
-    for _ in range(cfg.num_ppo_epochs):
+    clip_groups = [pol_params + crit_params] if shared else [pol_params, crit_params]
+    for _ in range(cfg.num_epochs):
         order = torch.randperm(B, generator=shuffle).to(batch["completion_ids"].device)
         for start in range(0, B, mb):
             idx = order[start:start + mb]
@@ -371,20 +356,13 @@ def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, bat
                 batch["completion_ids"][idx], mask, cfg.temperature)
             loss, m = ppo_lm_losses(logps, batch["logps"][idx], batch["advantages"][idx], values,
                                     batch["values"][idx], batch["returns"][idx], mask, cfg)
-            optimizer.zero_grad()
-            loss.backward()
-            if shared:
-                nn.utils.clip_grad_norm_(pol_params + crit_params, cfg.max_grad_norm)
-            else:
-                nn.utils.clip_grad_norm_(pol_params, cfg.max_grad_norm)
-                nn.utils.clip_grad_norm_(crit_params, cfg.max_grad_norm)
-            optimizer.step()
+            optimizer_step(optimizer, loss, cfg.max_grad_norm, clip_groups)
             m["loss"] = loss.item()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             n += 1
-    out = {k: v / n for k, v in sums.items()}
-    out["entropy"] = core.masked_mean(ents.detach(), mask).item()
+    out = {f"losses/{k}": v / n for k, v in sums.items()}
+    out["losses/entropy"] = core.masked_mean(ents.detach(), mask).item()
     return out
 
 
@@ -397,19 +375,17 @@ def make_optimizer(policy, critic: ValueModel, cfg: PPOLMConfig) -> torch.optim.
                              lr=cfg.lr, weight_decay=0.0)
 
 
-# --- the loop --------------------------------------------------------------------------------
-def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg: PPOLMConfig,
-          eval_problems: list[dict] | None = None, eval_reward=None, logger=None,
-          ref_model=None, on_step=None, critic: ValueModel | None = None) -> list[dict]:
-    """The loop: sample prompts, generate, score, values, per-token rewards, GAE, PPO epochs.
+# --- training ------------------------------------------------------------------------------
+def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | None = None,
+          ref_model=None, logger=None, on_step=None) -> list[dict]:
+    """PPO with a critic in the GRPO family's frame: each update takes one batch from ``sample``
+    (``grpo.completion_sampler`` built with this ``cfg``: with the same seed, num_prompts and
+    group_size it draws the same prompts and, at the first update, the same samples as GRPO),
+    computes the critic's values, per-token rewards and GAE, and runs ``ppo_update``.
 
-    Same interface and rows as ``grpo.train`` (plus ``critic``: a ``ValueModel`` to train, built
-    with ``make_value_model(model, cfg.critic)`` when None). With the same seed, num_prompts and
-    group_size it draws the same prompts and, at the first update, the same samples as
-    ``grpo.train``. ``ref_model`` is needed only when cfg.beta != 0.
+    critic: a ``ValueModel`` to train, built with ``make_value_model(model, cfg.critic)`` when
+    None. ``ref_model`` is needed only when cfg.beta != 0. Returns the logged rows (``grpo.loop``).
     """
-    from agentrl_lib.rollout import generate, sequence_logps
-
     if cfg.beta != 0.0 and ref_model is None:
         raise ValueError("beta != 0 needs ref_model")
     critic = critic if critic is not None else make_value_model(model, cfg.critic)
@@ -417,64 +393,38 @@ def train(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg:
         raise ValueError(f"cfg.critic={cfg.critic!r} but the given critic "
                          f"{'shares' if critic.shares_trunk_with(model) else 'does not share'} "
                          f"the policy's trunk")
-    rng = random.Random(cfg.seed)
-    gen_rng = torch.Generator().manual_seed(cfg.seed)
     shuffle = torch.Generator().manual_seed(cfg.seed + 1)
     opt = make_optimizer(model, critic, cfg)
-    eval_reward = eval_reward or reward_funcs[0]
-    rows = []
-    for it in range(cfg.num_iters + 1):
-        row = {"step": it}
-        if eval_problems is not None and (it % cfg.eval_every == 0 or it == cfg.num_iters):
-            row["eval_acc"] = grpo.evaluate(model, tokenizer, eval_problems, eval_reward,
-                                            cfg.max_new_tokens)
-        if it == cfg.num_iters:
-            rows.append(row)
-            if logger:
-                logger.log(**row)
-            break
-        t0 = time.time()
-        batch_problems = rng.sample(train_problems, cfg.num_prompts)
-        problems = [p for p in batch_problems for _ in range(cfg.group_size)]  # prompt-major
-        model.eval()
-        critic.eval()
-        gen = generate(model, tokenizer, grpo.format_prompts(tokenizer, problems),
-                       cfg.max_new_tokens, temperature=cfg.temperature, generator=gen_rng)
-        t_gen = time.time() - t0
-        scores = grpo.score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B,)
-        mask = gen.completion_mask
-        args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, mask)
+
+    def update(batch: grpo.Batch) -> dict:
+        g, scores = batch.seqs, batch.rewards  # scores (B,)
+        mask = g.completion_mask
+        args = (g.prompt_ids, g.prompt_mask, g.completion_ids, mask)
         with torch.no_grad():
             old_values = rollout_values(critic, *args)  # (B, T)
             ref_logps = None
             if cfg.beta != 0.0:
                 ref_logps, _ = sequence_logps(ref_model, *args, temperature=cfg.temperature)
-            r_t = token_rewards(scores, mask, gen.logps, ref_logps, cfg.beta, cfg.kl_estimator)
+            r_t = token_rewards(scores, mask, g.logps, ref_logps, cfg.beta, cfg.kl_estimator)
             adv, returns = token_gae(r_t, old_values, mask, cfg.gamma, cfg.lam)  # (B, T) each
             mc_returns = core.discounted_returns(r_t, cfg.gamma, episode_done(mask)) * mask
             real = mask.bool()
-            ev = explained_variance(old_values[real], returns[real])
-            ev_mc = explained_variance(old_values[real], mc_returns[real])
-            if cfg.whiten_advantages:
-                adv = masked_whiten(adv, mask)
-        batch = {"prompt_ids": gen.prompt_ids, "prompt_mask": gen.prompt_mask,
-                 "completion_ids": gen.completion_ids, "completion_mask": mask,
-                 "logps": gen.logps, "values": old_values, "advantages": adv, "returns": returns}
-        m = ppo_update(model, critic, opt, batch, cfg, shuffle)
-        row.update(reward=scores.mean().item(), completion_len=mask.sum(-1).float().mean().item(),
-                   gen_s=t_gen, explained_var=ev, explained_var_mc=ev_mc,
-                   value_mean=old_values[real].mean().item(),
-                   return_mean=returns[real].mean().item(),
-                   **m)
+            row = {"losses/explained_variance": core.explained_variance(old_values[real], returns[real]),
+                   "losses/explained_variance_mc": core.explained_variance(old_values[real],
+                                                                           mc_returns[real]),
+                   "losses/value_mean": old_values[real].mean().item(),
+                   "losses/return_mean": returns[real].mean().item()}
+            if cfg.norm_adv:
+                adv = core.whiten(adv, mask, ddof=0, eps=1e-8, eps_in_sqrt=True)
+        data = {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
+                "completion_ids": g.completion_ids, "completion_mask": mask,
+                "logps": g.logps, "values": old_values, "advantages": adv, "returns": returns}
+        row.update(ppo_update(model, critic, opt, data, cfg, shuffle))
         if ref_logps is not None:
-            row["kl"] = core.masked_mean(core.kl_estimate(gen.logps, ref_logps, cfg.kl_estimator),
-                                         mask).item()
-        row["step_s"] = time.time() - t0
-        rows.append(row)
-        if logger:
-            logger.log(**row)
-        if on_step:
-            on_step(row)
-    model.eval()
+            row["losses/kl"] = core.masked_mean(core.kl_estimate(g.logps, ref_logps,
+                                                                 cfg.kl_estimator), mask).item()
+        return row
+
+    rows = grpo.loop(model, sample, update, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
     critic.eval()
     return rows

@@ -11,7 +11,7 @@ Three ROVER variants live here, from the paper's object to the paper's LLM algor
 - exact:    ``softmax_policy(tree.uniform_q(), tau)``: no samples, the theorem's quantity.
 - mc:       ``mc_uniform_q`` estimates Q^unif from uniform rollouts (each rollout is a uniformly
             random leaf), then the same softmax. This is "random policy valuation" by sampling.
-- practical: ``loss_type="rover"`` in ``train_tree``: the loss of the authors' LLM code ported to
+- practical: ``estimator="rover"`` in ``train_tree``: the loss of the authors' LLM code ported to
             the tabular policy. Q is parameterised by the policy itself,
             ``Q(s_t, a_t) = rho * (log pi(a_t|s_t) - log pi_old(a_t|s_t))``, and regressed onto
             ``r~ + rho * mean_a' [log pi(a'|s_{t+1}) - log pi_old(a'|s_{t+1})]`` with r~ the
@@ -36,7 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from agentrl_lib import core
-from agentrl_lib.envs.token_tree import TabularTreePolicy, TokenTreeMDP, leaf_distribution
+from agentrl_lib.envs.token_tree import TokenTreeMDP, leaf_distribution
+from agentrl_lib.models.policies import TabularTreePolicy
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 
@@ -141,8 +143,8 @@ def mc_uniform_q(leaf_ids: Tensor, rewards: Tensor, vocab_size: int, depth: int,
 
 
 # --- metrics ---------------------------------------------------------------------------------
-def evaluate_policy(tree: TokenTreeMDP, probs: list[Tensor], ks=(1, 16, 256), num_samples: int = 64,
-                    generator: torch.Generator | None = None) -> dict[str, float]:
+def evaluate(tree: TokenTreeMDP, probs: list[Tensor], ks=(1, 16, 256), num_samples: int = 64,
+             generator: torch.Generator | None = None) -> dict[str, float]:
     """Exact pass@1 and pass@k, the expected number of distinct correct leaves among
     ``num_samples`` i.i.d. samples (exact) and one sampled count, and the entropy (nats) of the
     policy's distribution over correct leaves given that it is correct."""
@@ -163,33 +165,39 @@ def evaluate_policy(tree: TokenTreeMDP, probs: list[Tensor], ks=(1, 16, 256), nu
 
 
 # --- training on the tree: GRPO, REINFORCE and practical ROVER ---------------------------------
+ESTIMATORS = ("grpo", "dr_grpo", "reinforce", "rover")
+
+
 @dataclass
 class TreeRLConfig:
-    """One config for the three trainers; ``loss_type`` picks the update."""
+    """One config for the trainers; ``estimator`` picks the update."""
 
-    loss_type: str = "grpo"
-    """'grpo': clipped surrogate with group-normalised advantages (core.grpo_advantages);
-    'reinforce': the same surrogate with the raw reward as the weight (no baseline; with
-    num_inner_steps=1 it is plain REINFORCE); 'rover': the practical ROVER regression."""
+    estimator: str = "grpo"
+    """'grpo': clipped surrogate with group-normalised advantages (``core.group_advantages``);
+    'dr_grpo': the same with the group-mean-centred reward (no std division); 'reinforce': the
+    same surrogate with the raw reward as the weight (no baseline; with num_epochs=1 it is plain
+    REINFORCE); 'rover': the practical ROVER regression."""
     num_iters: int = 100
     """rollout batches; the sample budget is num_iters * group_size responses."""
     group_size: int = 16
     """G responses sampled per batch (the paper's runs use 8 per prompt)."""
     lr: float = 0.1
     """Adam learning rate on the tabular logits."""
-    num_inner_steps: int = 4
+    num_epochs: int = 4
     """optimiser steps per rollout batch, each on the full batch (the reference takes 128/32 = 4
     mini-batch steps)."""
     clip_eps: float = 0.2
-    """PPO/GRPO clip range (GRPO and REINFORCE only)."""
-    scale_rewards: bool = True
-    """GRPO divides the centred reward by the group std (ddof=1, core's convention)."""
+    """PPO/GRPO clip range (not ROVER)."""
     rho: float = 1.0
     """ROVER temperature: Q = rho * log(pi / pi_old) (``rover_t`` = 1.0 in the reference)."""
     eval_every: int = 10
     """iterations between exact evaluations (pass@1, distinct correct, entropy)."""
     eval_samples: int = 64
     """N in 'expected distinct correct leaves among N samples' during training."""
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}; expected one of {ESTIMATORS}")
 
 
 def mean_logps(policy: TabularTreePolicy, nodes: Tensor) -> Tensor:
@@ -226,13 +234,12 @@ def rover_loss(logps: Tensor, old_logps: Tensor, mean_logps_t: Tensor, old_mean_
 
 def train_tree(tree: TokenTreeMDP, cfg: TreeRLConfig,
                generator: torch.Generator | None = None) -> tuple[TabularTreePolicy, list[dict]]:
-    """Train a ``TabularTreePolicy`` (uniform at start) on one tree with ``cfg.loss_type``.
+    """Train a ``TabularTreePolicy`` (uniform at start) on one tree with ``cfg.estimator``.
 
-    Returns the policy and a history of exact evaluations every ``cfg.eval_every`` iterations
-    (``samples`` counts the responses drawn so far).
+    Returns the policy and a history of exact evaluations every ``cfg.eval_every`` iterations:
+    rows {iter, samples (responses drawn so far), eval/pass@1, eval/distinct_expected,
+    eval/entropy_correct}.
     """
-    if cfg.loss_type not in ("grpo", "reinforce", "rover"):
-        raise ValueError(f"unknown loss_type={cfg.loss_type!r}; expected grpo, reinforce or rover")
     policy = TabularTreePolicy(tree)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     G, H = cfg.group_size, tree.H
@@ -240,11 +247,10 @@ def train_tree(tree: TokenTreeMDP, cfg: TreeRLConfig,
 
     def log(it: int):
         with torch.no_grad():
-            m = evaluate_policy(tree, policy.probs(), ks=(), num_samples=cfg.eval_samples,
-                                generator=generator)
-        history.append({"iter": it, "samples": it * G, "pass@1": m["pass@1"],
-                        "distinct_expected": m["distinct_expected"],
-                        "entropy_correct": m["entropy_correct"]})
+            m = evaluate(tree, policy.probs(), ks=(), num_samples=cfg.eval_samples,
+                         generator=generator)
+        history.append({"iter": it, "samples": it * G, **{f"eval/{k}": m[k] for k in (
+            "pass@1", "distinct_expected", "entropy_correct")}})
 
     for it in range(cfg.num_iters):
         if it % cfg.eval_every == 0:
@@ -252,23 +258,19 @@ def train_tree(tree: TokenTreeMDP, cfg: TreeRLConfig,
         with torch.no_grad():
             tokens, nodes, _, r = tree.sample(policy.probs(), G, generator=generator)  # (G, H) x2
             old_logps = policy.log_prob(nodes, tokens)  # (G, H)
-            old_mean = mean_logps(policy, nodes) if cfg.loss_type == "rover" else None  # (G, H)
-        if cfg.loss_type == "grpo":
-            adv = core.grpo_advantages(r[None], scale=cfg.scale_rewards)[0]  # (G,)
-        elif cfg.loss_type == "reinforce":
-            adv = r  # (G,)
+            old_mean = mean_logps(policy, nodes) if cfg.estimator == "rover" else None  # (G, H)
+        if cfg.estimator == "rover":
+            r_centred = core.group_advantages(r[None], "dr_grpo")[0]  # (G,)
         else:
-            r_centred = core.grpo_advantages(r[None], scale=False)[0]  # (G,)
-        for _ in range(cfg.num_inner_steps):
+            adv = core.group_advantages(r[None], cfg.estimator)[0]  # (G,)
+        for _ in range(cfg.num_epochs):
             logps = policy.log_prob(nodes, tokens)  # (G, H)
-            if cfg.loss_type == "rover":
+            if cfg.estimator == "rover":
                 loss, _ = rover_loss(logps, old_logps, mean_logps(policy, nodes), old_mean,
                                      r_centred, rho=cfg.rho)
             else:
                 loss, _ = core.ppo_clip_loss(logps, old_logps, adv[:, None].expand(G, H),
                                              clip_eps=cfg.clip_eps)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            optimizer_step(opt, loss)
     log(cfg.num_iters)
     return policy, history

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from agentrl_lib.algorithms.credit import returns_to_go
+from agentrl_lib.core import discounted_returns, whiten
+from agentrl_lib.utils import optimizer_step
 
 
 @dataclass
@@ -60,16 +61,14 @@ class SPAConfig:
     """weight of the grounding term g_t = 1[valid]; the reference code adds 0.5 per executable step"""
     gamma: float = 1.0
     """discount of the step rewards' return-to-go (0: the step reward alone is the advantage)"""
-    normalize: str = "batch"
-    """'batch': whiten advantages over all turns of the batch (PPO-style); 'none'"""
+    norm_adv: bool = True
+    """whiten the advantages over all turns of the batch (PPO-style, ddof 0); False: raw"""
     buffer_size: int = 1024
     """SPACredit: most recent episodes kept for refitting the estimator"""
 
     def __post_init__(self):
         if self.model not in ("linear", "mlp"):
             raise ValueError(f"model must be 'linear' or 'mlp', got {self.model!r}")
-        if self.normalize not in ("batch", "none"):
-            raise ValueError(f"normalize must be 'batch' or 'none', got {self.normalize!r}")
 
 
 def outcomes(episodes) -> np.ndarray:
@@ -177,9 +176,7 @@ class ProgressModel:
             c = self.net(x).squeeze(-1)  # (N,)
             sums = torch.zeros(len(rows), dtype=torch.float64).index_add(0, owner, c)  # (B,)
             loss = ((sums - y) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            optimizer_step(opt, loss)
 
     def contributions(self, episodes) -> list[np.ndarray]:
         """c_t for every turn of every episode, (T_i,) each; zeros before the first fit."""
@@ -207,7 +204,7 @@ class ProgressModel:
 
 def spa_advantages(episodes, progress_model, cfg: SPAConfig | None = None) -> list[np.ndarray]:
     """SPA-RL turn advantages: A_t = sum_{k>=t} gamma^(k-t) (alpha c_k + beta g_k), whitened over
-    the batch when cfg.normalize == 'batch'. (T_i,) per episode.
+    the batch when cfg.norm_adv. (T_i,) per episode.
 
     progress_model: a fitted ``ProgressModel``, or any callable episodes -> contributions (e.g. the
     env's true progress increments, the oracle)."""
@@ -215,12 +212,13 @@ def spa_advantages(episodes, progress_model, cfg: SPAConfig | None = None) -> li
     contrib = (progress_model.contributions(episodes) if hasattr(progress_model, "contributions")
                else progress_model(episodes))
     rewards = fused_rewards(contrib, grounding(episodes), cfg.alpha, cfg.beta)
-    adv = [returns_to_go(r, cfg.gamma) for r in rewards]
-    if cfg.normalize == "batch":
+    adv = [discounted_returns(torch.as_tensor(r, dtype=torch.float64), cfg.gamma).numpy()
+           for r in rewards]
+    if cfg.norm_adv:
         flat = np.concatenate(adv) if adv else np.zeros(0)
         if len(flat) > 1:
-            mu, sd = flat.mean(), flat.std()
-            adv = [(a - mu) / (sd + 1e-8) for a in adv]
+            flat = whiten(torch.as_tensor(flat), ddof=0, eps=1e-8).numpy()
+            adv = np.split(flat, np.cumsum([len(a) for a in adv])[:-1])
     return adv
 
 

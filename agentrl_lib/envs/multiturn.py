@@ -60,6 +60,8 @@ class GridAgentEnv:
     """
 
     actions = ["up", "down", "left", "right"]
+    system_prompt = "Reach the goal. Answer with one move."
+    """the system message an LM agent sees (``rollout.lm_rollout`` uses it unless given another)"""
 
     def __init__(self, layout: list[str] | None = None, tasks: list[tuple] | None = None,
                  max_turns: int = 12, slip: float = 0.0, step_reward: float = 0.0,

@@ -8,11 +8,9 @@ Builders: ``gridworld`` (text layouts, slip), ``chain_mdp`` (the exploration cha
 ``random_mdp`` (Dirichlet transitions), ``from_gymnasium`` (FrozenLake, CliffWalking, Taxi and any
 toy-text env that exposes its transition table ``env.unwrapped.P``).
 
-Oracles: ``policy_evaluation`` (a linear solve), ``q_from_v``, ``q_values``, ``advantages``,
-``value_iteration``, ``policy_iteration``, ``uniform_policy``. All are differentiable in the policy,
-so ``expected_return(mdp, pi)`` gives the exact policy gradient through autograd.
-
-Sutton & Barto (2018), ch. 3-4, for the Bellman equations used here.
+The exact solvers that use P and R (policy evaluation, value and policy iteration, exact
+advantages) are in ``agentrl_lib.algorithms.dp``; ``TabularGymEnv`` (``envs/tabular_gym.py``) steps a
+``TabularMDP`` through gymnasium's API.
 """
 
 from __future__ import annotations
@@ -236,88 +234,3 @@ def from_gymnasium(env_or_id, gamma: float = 0.99, **make_kwargs) -> TabularMDP:
     max_steps = (spec.max_episode_steps if spec and spec.max_episode_steps else 200)
     name = spec.id if spec else type(base).__name__
     return _finish(P, R, gamma, init, terminal, name=name, R_next=Rn, max_steps=max_steps)
-
-
-# --- exact oracles ------------------------------------------------------------------------------
-def uniform_policy(mdp: TabularMDP) -> Tensor:
-    """pi(a|s) = 1/A for every state. (S, A)"""
-    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=DTYPE)
-
-
-def _continuing(mdp: TabularMDP) -> Tensor:
-    """P with the outgoing rows of terminal states zeroed: V(terminal) = 0. (S, A, S)"""
-    return mdp.P * (~mdp.terminal).to(DTYPE)[:, None, None]
-
-
-def policy_evaluation(mdp: TabularMDP, pi: Tensor) -> Tensor:
-    """V^pi by solving (I - gamma P_pi) V = r_pi; differentiable in pi. pi: (S, A) -> V: (S,).
-
-    With gamma = 1 the policy must reach a terminal state with probability 1 (else singular).
-    """
-    pi = pi.to(DTYPE)
-    live = (~mdp.terminal).to(DTYPE)
-    P_pi = torch.einsum("sa,sat->st", pi, _continuing(mdp))  # (S, S)
-    r_pi = (pi * mdp.R).sum(-1) * live  # (S,)
-    eye = torch.eye(mdp.num_states, dtype=DTYPE)
-    return torch.linalg.solve(eye - mdp.gamma * P_pi, r_pi)
-
-
-def q_from_v(mdp: TabularMDP, v: Tensor) -> Tensor:
-    """Q(s, a) = R(s, a) + gamma * sum_s' P(s'|s, a) V(s'); 0 at terminal states. (S, A)"""
-    live = (~mdp.terminal).to(DTYPE)[:, None]
-    return (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live
-
-
-def q_values(mdp: TabularMDP, pi: Tensor) -> Tensor:
-    """Q^pi (S, A)."""
-    return q_from_v(mdp, policy_evaluation(mdp, pi))
-
-
-def advantages(mdp: TabularMDP, pi: Tensor) -> Tensor:
-    """A^pi(s, a) = Q^pi(s, a) - V^pi(s). (S, A)"""
-    v = policy_evaluation(mdp, pi)
-    return q_from_v(mdp, v) - v[:, None]
-
-
-def expected_return(mdp: TabularMDP, pi: Tensor) -> Tensor:
-    """J(pi) = sum_s init(s) V^pi(s): the exact objective, a differentiable scalar."""
-    return mdp.init @ policy_evaluation(mdp, pi)
-
-
-def greedy(q: Tensor) -> Tensor:
-    """Deterministic policy taking the first argmax of Q in each state, as one-hot (S, A)."""
-    return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(DTYPE)
-
-
-def value_iteration(mdp: TabularMDP, tol: float = 1e-10, max_iters: int = 10_000):
-    """V_{k+1}(s) = max_a [R(s, a) + gamma sum_s' P(s'|s, a) V_k(s')] until the sup-norm change
-    is below ``tol``. Returns (V*, greedy pi*, number of sweeps, list of sup-norm changes).
-    """
-    v = torch.zeros(mdp.num_states, dtype=DTYPE)
-    deltas = []
-    for k in range(1, max_iters + 1):
-        v_new = q_from_v(mdp, v).max(-1).values
-        deltas.append((v_new - v).abs().max().item())
-        v = v_new
-        if deltas[-1] < tol:
-            break
-    return v, greedy(q_from_v(mdp, v)), k, deltas
-
-
-def policy_iteration(mdp: TabularMDP, pi: Tensor | None = None, max_iters: int = 1000):
-    """Evaluate exactly, improve greedily, until the policy is stable.
-
-    Ties keep the current action when it is among the maximisers (so the loop terminates).
-    Returns (V*, pi*, number of improvement steps). The start policy must be proper when gamma=1.
-    """
-    pi = uniform_policy(mdp) if pi is None else pi.to(DTYPE)
-    for k in range(1, max_iters + 1):
-        v = policy_evaluation(mdp, pi)
-        q = q_from_v(mdp, v)
-        best = q.max(-1, keepdim=True).values
-        current_is_best = ((pi > 0) & (q >= best - 1e-12)).any(-1, keepdim=True)
-        new_pi = torch.where(current_is_best & (pi.max(-1, keepdim=True).values == 1.0), pi, greedy(q))
-        if torch.equal(new_pi, pi):
-            return v, pi, k
-        pi = new_pi
-    return policy_evaluation(mdp, pi), pi, max_iters

@@ -14,11 +14,12 @@ so numbers from different runs are comparable only when the hashes match.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import operator
 import random
+
+from agentrl_lib.rewards.verifiable import eval_expression
 
 HELD_OUT_FRACTION = 0.2
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -99,36 +100,6 @@ def eval_panel(task: str, n: int = 200, difficulty: int = 1) -> tuple[list[dict]
     """The fixed held-out evaluation panel (seed 12345 of the test split) and its hash."""
     probs = make_problems(task, n, difficulty, split="test", seed=12345)
     return probs, panel_hash(probs)
-
-
-def eval_expression(expr: str) -> int:
-    """Evaluate + - * over integers and parentheses, nothing else.
-
-    >>> eval_expression("(3+4)*2-1")
-    13
-    >>> eval_expression("__import__('os')")
-    Traceback (most recent call last):
-    ...
-    ValueError: not an arithmetic expression: "__import__('os')"
-    """
-    try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"not an arithmetic expression: {expr!r}") from None
-    bin_ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in bin_ops:
-            return bin_ops[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        raise ValueError(f"not an arithmetic expression: {expr!r}")
-
-    return ev(tree)
 
 
 def chain_solution(problem: dict) -> str:

@@ -10,7 +10,7 @@ so the children of node n are n*V + a, and the leaves below a depth-d node form 
 range of leaf ids. That makes exact values a sequence of reshapes.
 
 A policy is a list of H tables ``probs[d]`` of shape (V^d, V): pi(a | node) at depth d.
-``TabularTreePolicy`` holds their logits as parameters.
+``agentrl_lib.models.policies.TabularTreePolicy`` holds their logits as parameters.
 
 Used by the ROVER notebook (He et al. 2025, "Random Policy Valuation is Enough for LLM Reasoning
 with Verifiable Rewards", arXiv:2509.24981) and the policy-gradient notebook.
@@ -128,24 +128,3 @@ class TokenTreeMDP:
             tokens[:, d] = a
             node = node * self.V + a
         return tokens, nodes, node, self.reward[node]
-
-
-class TabularTreePolicy(torch.nn.Module):
-    """A softmax table per depth: logits[d] (V^d, V), initialised to zeros (the uniform policy)."""
-
-    def __init__(self, tree: TokenTreeMDP):
-        super().__init__()
-        self.tree = tree
-        self.logits = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.zeros(tree.V**d, tree.V, dtype=torch.float64))
-             for d in range(tree.H)]
-        )
-
-    def probs(self) -> list[Tensor]:
-        return [torch.softmax(lg, -1) for lg in self.logits]
-
-    def log_prob(self, nodes: Tensor, tokens: Tensor) -> Tensor:
-        """Per-step log pi(a_d | node_d) for sampled paths: nodes, tokens (B, H) -> (B, H)."""
-        out = [torch.log_softmax(self.logits[d][nodes[:, d]], -1).gather(-1, tokens[:, d:d + 1])
-               for d in range(self.tree.H)]
-        return torch.cat(out, -1)

@@ -1,3 +1,7 @@
-"""Policies: tabular softmax, MLPs and an actor-critic; (later) the tiny causal LM and HF loading."""
+"""Policies: tables, MLPs and CleanRL's actor-critic (``policies``); the tiny causal LM and its
+tokenizer (``tiny_lm``); loading any causal LM by name or folder (``loading``)."""
 
-from agentrl_lib.models.policies import ActorCritic, MLPPolicy, TabularSoftmaxPolicy, mlp  # noqa: F401
+from agentrl_lib.models.policies import (  # noqa: F401
+    ActorCritic, KeyTablePolicy, MLPPolicy, PromptSetPolicy, TabularSoftmaxPolicy, TabularTreePolicy,
+    mlp, tabular_agent,
+)

@@ -1,9 +1,20 @@
-"""Small policies for exact analysis: a softmax table, an MLP, and CleanRL's actor-critic."""
+"""Policies that are not language models: softmax tables, an MLP, CleanRL's actor-critic.
+
+- ``TabularSoftmaxPolicy``: pi(a|s) = softmax(theta[s]) over a TabularMDP's states.
+- ``TabularTreePolicy``: one softmax table per depth of a ``TokenTreeMDP`` (``PromptSetPolicy``:
+  B of them stacked, one per prompt).
+- ``KeyTablePolicy``: a softmax row per hashable key (a multi-turn env's state or observation),
+  assigned at first sight; ``tabular_agent``: any (S, A) table as a ``play_episodes`` policy.
+- ``mlp``, ``MLPPolicy``, ``ActorCritic``: CleanRL's networks.
+
+Each is a plain ``nn.Module`` (or a function); none imports an environment.
+"""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical
@@ -72,3 +83,108 @@ class ActorCritic(nn.Module):
         if action is None:
             action = dist.sample()
         return action, dist.log_prob(action), dist.entropy(), self.value(obs)
+
+
+# --- token trees -------------------------------------------------------------------------------
+class TabularTreePolicy(torch.nn.Module):
+    """A softmax table per depth: logits[d] (V^d, V), initialised to zeros (the uniform policy)."""
+
+    def __init__(self, tree):
+        super().__init__()
+        self.tree = tree
+        self.logits = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(tree.V**d, tree.V, dtype=torch.float64))
+             for d in range(tree.H)]
+        )
+
+    def probs(self) -> list[Tensor]:
+        return [torch.softmax(lg, -1) for lg in self.logits]
+
+    def log_prob(self, nodes: Tensor, tokens: Tensor) -> Tensor:
+        """Per-step log pi(a_d | node_d) for sampled paths: nodes, tokens (B, H) -> (B, H)."""
+        out = [torch.log_softmax(self.logits[d][nodes[:, d]], -1).gather(-1, tokens[:, d:d + 1])
+               for d in range(self.tree.H)]
+        return torch.cat(out, -1)
+
+
+class PromptSetPolicy(torch.nn.Module):
+    """B independent TabularTreePolicy tables, stacked: logits[d] (B, V^d, V), zeros = uniform."""
+
+    def __init__(self, num_prompts: int, vocab_size: int, depth: int):
+        super().__init__()
+        self.B, self.V, self.H = num_prompts, vocab_size, depth
+        self.logits = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(num_prompts, vocab_size**d, vocab_size,
+                                            dtype=torch.float64)) for d in range(depth)])
+
+    def probs(self) -> list[Tensor]:
+        return [torch.softmax(lg, -1) for lg in self.logits]  # H x (B, V^d, V)
+
+    def log_prob(self, nodes: Tensor, tokens: Tensor) -> Tensor:
+        """Per-step log pi(a_d | node_d): nodes, tokens (B, N, H) -> (B, N, H)."""
+        out = []
+        for d in range(self.H):
+            logp = torch.log_softmax(self.logits[d], -1)  # (B, V^d, V)
+            rows = logp.gather(1, nodes[..., d:d + 1].expand(-1, -1, self.V))  # (B, N, V)
+            out.append(rows.gather(-1, tokens[..., d:d + 1]))  # (B, N, 1)
+        return torch.cat(out, -1)
+
+
+# --- multi-turn environments ---------------------------------------------------------------------
+class KeyTablePolicy(nn.Module):
+    """pi(a | k) = softmax(theta[k]) over ``env.actions``, one row of logits per key k, zeros
+    (uniform) until trained. ``key='state'`` uses the environment's true state key (a Markov
+    policy); ``key='observation'`` uses the observation text (what an agent that sees only the
+    current turn can condition on). Rows are assigned at first sight, up to ``capacity``."""
+
+    def __init__(self, num_actions: int, key: str = "state", capacity: int = 4096,
+                 seed: int = 0):
+        super().__init__()
+        if key not in ("state", "observation"):
+            raise ValueError(f"key must be 'state' or 'observation', got {key!r}")
+        self.key, self.capacity = key, capacity
+        self.logits = nn.Parameter(torch.zeros(capacity, num_actions, dtype=torch.float64))
+        self.rows: dict = {}
+        self.rng = np.random.default_rng(seed)
+
+    def row(self, k) -> int:
+        if k not in self.rows:
+            if len(self.rows) >= self.capacity:
+                raise RuntimeError(f"KeyTablePolicy is full ({self.capacity} keys); raise capacity")
+            self.rows[k] = len(self.rows)
+        return self.rows[k]
+
+    def keys_of(self, ep) -> list:
+        return ep.state_keys if self.key == "state" else ep.observations
+
+    def probs(self, keys) -> torch.Tensor:
+        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
+        return torch.softmax(self.logits[idx], -1)  # (N, A)
+
+    @torch.no_grad()
+    def act(self, envs, observations) -> list[int]:
+        """A ``play_episodes`` policy: sample one action index per running environment."""
+        keys = [e.state_key() for e in envs] if self.key == "state" else observations
+        p = self.probs(keys).numpy()  # (N, A)
+        return [int(self.rng.choice(p.shape[1], p=pi / pi.sum())) for pi in p]
+
+    def episode_logps(self, episodes) -> torch.Tensor:
+        """log pi(a_t | k_t) of every turn of every episode, concatenated, (sum_i T_i,)."""
+        keys = [k for ep in episodes for k in self.keys_of(ep)]
+        actions = torch.tensor([a for ep in episodes for a in ep.action_ids], dtype=torch.long)
+        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
+        return torch.log_softmax(self.logits[idx], -1).gather(-1, actions[:, None]).squeeze(-1)
+
+
+def tabular_agent(probs, index, generator: np.random.Generator | None = None):
+    """A policy for ``play_episodes`` from a table: ``probs[index(env)]`` is the action
+    distribution (over ``env.actions``) in env's current state.
+
+    probs: (S, A) array or tensor; index: env -> row (e.g. ``lambda e: e.state_index()``).
+    """
+    rng = generator if generator is not None else np.random.default_rng()
+    table = np.asarray(probs.detach().cpu() if hasattr(probs, "detach") else probs, dtype=float)
+
+    def act(envs, observations):
+        return [int(rng.choice(table.shape[1], p=table[index(e)])) for e in envs]
+    return act

@@ -7,9 +7,8 @@ A notebook calls, in its "Did it work?" section::
     write_results(NOTEBOOK, params, metrics, claims)   # first: nothing computed is lost ...
     assert_claims(claims)                              # ... then the run fails if a claim fails
 
-The run directory is ``$AGENTRL_RUN_DIR`` when ``agentrl run`` executes the notebook, else
-``$AGENTRL_RUNS_ROOT/interactive/<notebook>/seed<S>`` (default root: ``runs`` under the current
-directory).
+The run directory is ``pipeline.paths.current_run_dir``: ``$AGENTRL_RUN_DIR`` when ``agentrl run``
+executes the notebook, else ``$AGENTRL_RUNS_ROOT/interactive/<notebook>/seed<S>``.
 """
 
 from __future__ import annotations
@@ -23,6 +22,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from agentrl_lib.pipeline.paths import current_run_dir
 
 _START = time.time()
 DIRECTIONS = (">", "<", ">=", "<=", "~")
@@ -79,17 +80,9 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
                  bool(holds), asserted, source)
 
 
-def run_dir(notebook: str, seed: int) -> Path:
-    env = os.environ.get("AGENTRL_RUN_DIR")
-    root = Path(os.environ.get("AGENTRL_RUNS_ROOT", "runs"))
-    path = Path(env) if env else root / "interactive" / notebook / f"seed{seed}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def save_figure(fig, name: str, notebook: str, seed: int) -> Path:
     """Save a matplotlib figure as ``<run dir>/figures/<name>.png``."""
-    out = run_dir(notebook, seed) / "figures"
+    out = current_run_dir(notebook, seed) / "figures"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -176,8 +169,8 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
         panel_hash = payload.get("eval_panel_hash") or metrics.get("panel_hash") or \
             metrics.get("panel_hashes")
     payload["eval_panel_hash"] = panel_hash
-    write_metrics_jsonl(run_dir(notebook, seed), metrics)
-    path = run_dir(notebook, seed) / "results.json"
+    write_metrics_jsonl(current_run_dir(notebook, seed), metrics)
+    path = current_run_dir(notebook, seed) / "results.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_default))
     os.replace(tmp, path)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl_lib.pipeline.notebooks import NotebookInfo, resolve_params
+from agentrl_lib.pipeline.paths import point_tag, run_dir_for
 
 
 @dataclass
@@ -34,10 +35,6 @@ class RunOutcome:
         return f"{self.notebook} [{self.profile}, seed {self.seed}] {status} ({self.wall_s:.1f} s)"
 
 
-def run_dir_for(runs_root: Path, profile: str, notebook: str, seed: int) -> Path:
-    return Path(runs_root) / profile / notebook / f"seed{seed}"
-
-
 def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
             runs_root: Path | str = "runs", progress: bool = True,
             cell_timeout: int | None = 3600, run_dir: Path | None = None,
@@ -48,10 +45,8 @@ def execute(info: NotebookInfo, profile: str, seed: int, cli_params=None,
     without end."""
     import papermill as pm
 
-    from agentrl_lib.pipeline.sweep import point_tag
-
     params = resolve_params(info, profile, seed, cli_params, overrides)
-    out_dir = Path(run_dir or run_dir_for(Path(runs_root), profile, info.name, seed)).resolve()
+    out_dir = Path(run_dir or run_dir_for(runs_root, profile, info.name, seed, overrides)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = out_dir / "results.json"
     if stale.exists():

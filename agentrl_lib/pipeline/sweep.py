@@ -32,8 +32,10 @@ from pathlib import Path
 import yaml
 
 from agentrl_lib.pipeline.notebooks import (
-    NotebookInfo, PipelineError, resolve_params, validate_overrides,
+    NotebookInfo, PipelineError, load_notebook, repo_root, resolve_params, validate_overrides,
 )
+from agentrl_lib.pipeline.paths import point_tag, run_dir_for
+from agentrl_lib.pipeline.run import execute
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -79,20 +81,6 @@ def load_grid(path: Path | str, info: NotebookInfo) -> list[dict]:
     return [validate_overrides(p, info.params, str(path)) for p in points]
 
 
-def point_tag(overrides: dict) -> str:
-    """Folder name of a grid point: 'lr=0.1,estimator=gigpo' (sorted, filesystem-safe)."""
-    if not overrides:
-        return ""
-    text = ",".join(f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"
-                    for k, v in sorted(overrides.items()))
-    text = re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
-    if len(text) > 100:
-        import hashlib
-
-        text = text[:80] + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
-    return text
-
-
 @dataclass
 class Point:
     notebook: str
@@ -117,9 +105,7 @@ def plan(info: NotebookInfo, profile: str, seeds: list[int], grid: list[dict] | 
     for overrides in grid or [{}]:
         for s in seeds:
             params = resolve_params(info, profile, s, cli, overrides)
-            base = Path(runs_root) / profile / info.name
-            tag = point_tag(overrides)
-            d = (base / tag if tag else base) / f"seed{s}"
+            d = run_dir_for(runs_root, profile, info.name, s, overrides)
             points.append(Point(info.name, str(info.path), profile, int(s), dict(overrides),
                                 list(cli or []), params, str(d.resolve())))
     return points
@@ -138,9 +124,6 @@ def is_complete(point: Point) -> bool:
 
 def run_point(point: Point, cell_timeout: int | None = 3600) -> dict:
     """Execute one point (in a worker process or a Ray task); never raises for a notebook error."""
-    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
-    from agentrl_lib.pipeline.run import execute
-
     path = Path(point.path)
     info = load_notebook(path, repo_root(path.parent))
     try:

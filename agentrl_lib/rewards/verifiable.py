@@ -9,12 +9,42 @@ into ``trl.GRPOTrainer(reward_funcs=[...])`` unchanged.
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
-
-from agentrl_lib.envs.text_tasks import eval_expression
 
 _ANSWER = re.compile(r"answer\s*(-?\d+)\s*$")
 _INT = re.compile(r"^\s*(-?\d+)\s*$")
+
+
+def eval_expression(expr: str) -> int:
+    """Evaluate + - * over integers and parentheses, nothing else.
+
+    >>> eval_expression("(3+4)*2-1")
+    13
+    >>> eval_expression("__import__('os')")
+    Traceback (most recent call last):
+    ...
+    ValueError: not an arithmetic expression: "__import__('os')"
+    """
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expr!r}") from None
+    bin_ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in bin_ops:
+            return bin_ops[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError(f"not an arithmetic expression: {expr!r}")
+
+    return ev(tree)
 
 
 def _text(c) -> str:

@@ -84,9 +84,9 @@ def maxrss_mib() -> float:
 # worker: one implementation in this process
 # --------------------------------------------------------------------------------------------------
 def load(model_name: str, device: str):
-    from agentrl_lib.models.tiny_lm import load_policy
+    from agentrl_lib.algorithms.sft import load_base
 
-    model, tok = load_policy(model_name, device=device)
+    model, tok = load_base(model_name, device=device)
     probe = tok.apply_chat_template([{"role": "user", "content": "12+7="}],
                                     add_generation_prompt=True, tokenize=False)
     ids = tok(probe, add_special_tokens=False)["input_ids"]
@@ -106,9 +106,9 @@ def build(args):
     model, tok = load(args.model, args.device)
     train = make_problems("arithmetic", args.train_size, args.difficulty, "train", seed=args.seed)
     panel, panel_hash = eval_panel("arithmetic", args.eval_size, args.difficulty)
-    cfg = GRPOConfig(advantage="grpo", loss_agg="seq_mean", beta=args.beta, clip_eps=0.2,
+    cfg = GRPOConfig(estimator="grpo", loss_agg="seq_mean", beta=args.beta, clip_eps=0.2,
                      num_prompts=args.num_prompts, group_size=args.group_size,
-                     num_iters=args.steps, num_inner_epochs=1, lr=args.lr,
+                     num_iters=args.steps, num_epochs=1, lr=args.lr,
                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      eval_every=args.eval_every, seed=args.seed)
     return model, tok, train, panel, panel_hash, cfg
@@ -122,31 +122,27 @@ def run_ours(args, model, tok, train, panel, cfg, reward, evaluate):
     ref = copy.deepcopy(model).eval() if cfg.beta else None
     evals = []
 
-    def timed_eval(m, *a, **k):  # grpo.train calls grpo.evaluate: time it to take it out
+    def timed_eval(m):  # the evaluation's time is taken out of the training time
         t = time.perf_counter()
-        acc = evaluate(m)
-        evals.append((t, time.perf_counter() - t, acc))
-        return acc
+        out = evaluate(m)
+        evals.append((t, time.perf_counter() - t))
+        return out
 
-    original, grpo.evaluate = grpo.evaluate, timed_eval
     t0 = time.perf_counter()
-    try:
-        rows = grpo.train(model, tok, train, [reward], cfg, eval_problems=panel, ref_model=ref)
-    finally:
-        grpo.evaluate = original
+    rows = grpo.train(model, grpo.completion_sampler(tok, train, [reward], cfg), cfg,
+                      evaluate=timed_eval, ref_model=ref)
     wall = time.perf_counter() - t0
-    eval_total = sum(d for _, d, _ in evals)
+    eval_total = sum(d for _, d in evals)
     curve, spent = [], 0.0
-    steps_with_eval = [r["step"] for r in rows if "eval_acc" in r]
-    for step, (t, d, acc) in zip(steps_with_eval, evals):
-        curve.append({"step": step, "eval_acc": acc, "train_s": t - t0 - spent})
+    for r, (t, d) in zip([r for r in rows if "eval/acc" in r], evals):
+        curve.append({"iter": r["iter"], "acc": r["eval/acc"], "train_s": t - t0 - spent})
         spent += d
-    train_rows = [r for r in rows if "reward" in r]
-    tokens = sum(r["completion_len"] * cfg.num_prompts * cfg.group_size for r in train_rows)
-    gen = sum(r["gen_s"] for r in train_rows)
-    step = sum(r["step_s"] for r in train_rows)
+    train_rows = [r for r in rows if "rollout/reward" in r]
+    tokens = sum(r["rollout/completion_len"] * cfg.num_prompts * cfg.group_size for r in train_rows)
+    gen = sum(r["time/gen_s"] for r in train_rows)
+    step = sum(r["time/step_s"] for r in train_rows)
     return {"wall_s": wall, "train_s": wall - eval_total, "eval_s": eval_total, "curve": curve,
-            "gen_tokens": tokens, "reward": [r["reward"] for r in train_rows],
+            "gen_tokens": tokens, "reward": [r["rollout/reward"] for r in train_rows],
             "timers": {"generation (rollout.generate)": gen,
                        "score + advantages + ref/train forward + backward + optimizer": step - gen,
                        "between steps (loop, logging)": wall - eval_total - step}}
@@ -163,11 +159,11 @@ def run_trl(args, model, tok, train, panel, cfg, reward, evaluate):
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
-    eval_total = sum(r["eval_s"] for r in cb.rows)
+    eval_total = sum(r["time/eval_s"] for r in cb.rows)
     logs = [h for h in trainer.state.log_history if "reward" in h]
     tokens = sum(h["completions/mean_length"] * cfg.num_prompts * cfg.group_size for h in logs)
     return {"wall_s": wall, "train_s": wall - eval_total, "eval_s": eval_total, "init_s": init_s,
-            "curve": [{"step": r["step"], "eval_acc": r["eval_acc"], "train_s": r["train_s"]}
+            "curve": [{"iter": r["iter"], "acc": r["eval/acc"], "train_s": r["time/train_s"]}
                       for r in cb.rows],
             "gen_tokens": tokens, "reward": [h["reward"] for h in logs],
             "timers": {"step_time (TRL's own, summed)": sum(h.get("step_time", 0.0) for h in logs)}}
@@ -182,7 +178,7 @@ BUCKETS = {
         ("optimizer (AdamW + grad clip)", [("torch/optim/optimizer.py", "wrapper"),
                                            ("torch/nn/utils/clip_grad.py", "_no_grad_wrapper")]),
         ("reward + advantages", [("agentrl_lib/algorithms/grpo.py", "score"),
-                                 ("agentrl_lib/algorithms/grpo.py", "compute_advantages")]),
+                                 ("agentrl_lib/algorithms/grpo.py", "advantages")]),
     ],
     "trl": [
         ("generation", [("transformers/generation/utils.py", "generate")]),
@@ -213,7 +209,7 @@ def profile_breakdown(impl, args, model, tok, train, cfg, reward):
     if impl == "ours":
         ref = copy.deepcopy(model).eval() if cfg.beta else None
         prof.enable()
-        grpo.train(model, tok, train, [reward], cfg, ref_model=ref)
+        grpo.train(model, grpo.completion_sampler(tok, train, [reward], cfg), cfg, ref_model=ref)
         prof.disable()
     else:
         trainer = trl_adapter.make_trainer(model, tok, train, [reward], cfg, tempfile.mkdtemp(),
@@ -252,10 +248,8 @@ def worker(args):
     model, tok, train, panel, panel_hash, cfg = build(args)
     setup_s = time.perf_counter() - t_start
 
-    greedy_accuracy = grpo.evaluate  # the original, before run_ours wraps it
-
     def evaluate(m):
-        return greedy_accuracy(m, tok, panel, correctness_reward, cfg.max_new_tokens)
+        return grpo.evaluate(m, tok, panel, correctness_reward, cfg.max_new_tokens)
 
     if args.profile:
         out = profile_breakdown(args.worker, args, model, tok, train, cfg, correctness_reward)
@@ -295,8 +289,8 @@ def child(impl: str, argv: list[str], profile: bool = False) -> dict:
 
 def time_to(curve: list[dict], target: float) -> tuple[float | None, int | None]:
     for r in curve:
-        if r["eval_acc"] >= target:
-            return r["train_s"], r["step"]
+        if r["acc"] >= target:
+            return r["train_s"], r["iter"]
     return None, None
 
 
@@ -319,8 +313,8 @@ def summarise(runs: list[dict], target: float) -> dict:
     out["time_to_target_s"] = med([h[0] for h in hits])
     out["step_to_target"] = med([h[1] for h in hits])
     out["reached"] = sum(h[0] is not None for h in hits)
-    out["final_acc"] = med([r["curve"][-1]["eval_acc"] for r in runs])
-    out["start_acc"] = runs[0]["curve"][0]["eval_acc"]
+    out["final_acc"] = med([r["curve"][-1]["acc"] for r in runs])
+    out["start_acc"] = runs[0]["curve"][0]["acc"]
     out["setup_s"] = med([r["setup_s"] + r.get("init_s", 0.0) for r in runs])
     return out
 
@@ -377,9 +371,9 @@ def main(argv=None):
                    + " | ".join(f"TRL r{i}" for i in range(args.repeats)) + " |",
                    "|---" * (1 + 2 * args.repeats) + "|"]
     for j, r0 in enumerate(runs["ours"][0]["curve"]):
-        vals = [f"{r['curve'][j]['eval_acc']:.3f}" for r in runs["ours"]]
-        vals += [f"{r['curve'][j]['eval_acc']:.3f}" for r in runs["trl"]]
-        curve_lines.append(f"| {r0['step']} | " + " | ".join(vals) + " |")
+        vals = [f"{r['curve'][j]['acc']:.3f}" for r in runs["ours"]]
+        vals += [f"{r['curve'][j]['acc']:.3f}" for r in runs["trl"]]
+        curve_lines.append(f"| {r0['iter']} | " + " | ".join(vals) + " |")
     print()
     print("\n".join(curve_lines))
     for impl, p in profiles.items():

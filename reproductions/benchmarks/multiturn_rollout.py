@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from agentrl_lib import agent_lm
+from agentrl_lib import rollout
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.models.tiny_lm import new_model
 
@@ -32,15 +32,15 @@ def run(kind, model, tok, make_env, seeds, group_size, max_turns, max_new_tokens
     gen = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     if kind == "naive":
-        eps = agent_lm.naive_rollout(model, tok, make_env, seeds, group_size, max_turns,
-                                     max_new_tokens, 1.0, gen, timers=timers)
+        eps = rollout.naive_rollout(model, tok, make_env, seeds, group_size, max_turns,
+                                    max_new_tokens, 1.0, gen, timers=timers)
     elif kind == "batched, re-encoded":
-        envs, eps = agent_lm._new_episodes(make_env, seeds, group_size)
-        agent_lm._play(model, tok, envs, eps, max_turns, max_new_tokens, 1.0, False, gen,
-                       agent_lm.SYSTEM_PROMPT, reuse_cache=False, timers=timers)
+        envs, eps = rollout._new_episodes(make_env, seeds, group_size)
+        rollout._play(model, tok, envs, eps, max_turns, max_new_tokens, 1.0, False, gen,
+                      GridAgentEnv.system_prompt, reuse_cache=False, timers=timers)
     else:
-        eps = agent_lm.lm_rollout(model, tok, make_env, seeds, group_size, max_turns,
-                                  max_new_tokens, 1.0, gen, timers=timers)
+        eps = rollout.lm_rollout(model, tok, make_env, seeds, group_size, max_turns,
+                                 max_new_tokens, 1.0, gen, timers=timers)
     wall = time.perf_counter() - t0
     tokens = sum(sum(ep.loss_mask) for ep in eps)
     turns = sum(len(ep) for ep in eps)
@@ -60,7 +60,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     if os.path.isdir(args.model):
-        from agentrl_lib.models.tiny_lm import load_policy
+        from agentrl_lib.models.loading import load_policy
         model, tok = load_policy(args.model)
     else:
         model, tok = new_model(args.model, seed=0)

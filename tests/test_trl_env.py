@@ -1,6 +1,7 @@
-"""The TRL environment adapter: what the tiny tokenizer's template lacks for TRL's tool path, the
-tool template that fixes it offline, the environment object TRL drives (reset / move / get_reward),
-the tool-format SFT mask, and a real GRPOTrainer step through ``environment_factory``."""
+"""The multi-turn side of the TRL adapter: what the tiny tokenizer's template lacks for TRL's tool
+path, the tool template that fixes it offline, the environment object TRL drives
+(``envs.tool_env``: reset / move / get_reward), the tool-format SFT mask, and a real GRPOTrainer
+step through ``environment_factory``."""
 
 import os
 import tempfile
@@ -10,8 +11,9 @@ import torch
 
 pytest.importorskip("trl")
 
-from agentrl_lib.algorithms import trl_env_adapter as tea  # noqa: E402
+from agentrl_lib.algorithms import trl_adapter  # noqa: E402
 from agentrl_lib.algorithms.grpo import GRPOConfig  # noqa: E402
+from agentrl_lib.envs import tool_env  # noqa: E402
 from agentrl_lib.envs.multiturn import GridAgentEnv  # noqa: E402
 from agentrl_lib.models.tiny_lm import build_tokenizer, new_model  # noqa: E402
 
@@ -27,10 +29,10 @@ def test_char_template_lacks_tool_support_and_the_tool_template_has_it():
 
     tok = build_tokenizer()
     assert not supports_tool_calling(tok)  # role + content only: tool_calls and the tool role vanish
-    ttok = tea.tool_tokenizer(tok)
+    ttok = trl_adapter.tool_tokenizer(tok)
     assert supports_tool_calling(ttok) and tok.chat_template != ttok.chat_template
-    msgs = tea.tool_conversation(make_env(), 0, ["up", "left", "down"])
-    text = ttok.apply_chat_template(msgs, tools=[tea.GridToolEnv(make_env()).move], tokenize=False)
+    msgs = tool_env.tool_conversation(make_env(), 0, ["up", "left", "down"])
+    text = ttok.apply_chat_template(msgs, tools=[tool_env.GridToolEnv(make_env()).move], tokenize=False)
     assert '"name": "move"' in text and "<tool_response>" in text and '"direction"' in text
     ids = ttok(text, add_special_tokens=False)["input_ids"]
     assert ttok.unk_token_id not in ids  # every character is in the char vocabulary
@@ -40,7 +42,7 @@ def test_char_template_lacks_tool_support_and_the_tool_template_has_it():
 def test_tool_calls_parse_with_the_char_tokenizer():
     from trl.chat_template_utils import add_response_schema, parse_response
 
-    ttok = add_response_schema(tea.tool_tokenizer(build_tokenizer()))
+    ttok = add_response_schema(trl_adapter.tool_tokenizer(build_tokenizer()))
     call = '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call><|im_end|>'
     prefix = ttok("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
                   add_special_tokens=False)["input_ids"]
@@ -49,7 +51,7 @@ def test_tool_calls_parse_with_the_char_tokenizer():
 
 
 def test_environment_object():
-    env = tea.environment_factory(make_env)()
+    env = tool_env.environment_factory(make_env)()
     obs = env.reset(seed=3, prompt=[{"role": "user", "content": "x"}])
     ref = make_env()
     assert obs == "\n" + ref.reset(seed=3)
@@ -68,17 +70,16 @@ def test_environment_object():
     assert env.move("up") == "The episode is over."
     # only `move` is public: TRL exposes public methods as tools
     import inspect
-    public = [n for n, _ in inspect.getmembers(tea.GridToolEnv, inspect.isfunction)
+    public = [n for n, _ in inspect.getmembers(tool_env.GridToolEnv, inspect.isfunction)
               if not n.startswith("_") and n not in ("reset", "get_reward")]
     assert public == ["move"]
 
 
 def test_tool_sft_mask_is_the_tool_call():
-    torch.set_num_threads(1)
     model, tok = new_model("tiny-64", seed=0)
-    ttok = tea.tool_tokenizer(tok)
+    ttok = trl_adapter.tool_tokenizer(tok)
     before = [p.detach().clone() for p in model.parameters()]
-    losses = tea.tool_sft(model, ttok, make_env, list(range(8)), steps=2, batch_size=2, max_turns=2)
+    losses = trl_adapter.tool_sft(model, ttok, make_env, list(range(8)), steps=2, batch_size=2, max_turns=2)
     assert len(losses) == 2 and all(l > 0 for l in losses)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -87,24 +88,24 @@ def test_grpo_trainer_runs_through_environment_factory():
     """Two real TRL optimizer steps on a tiny random model: TRL resets our environment with each
     row's seed, and the environment's get_reward is a reward source logged under its class name."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    torch.set_num_threads(1)
     model, tok = new_model("tiny-64", seed=0)
-    ttok = tea.tool_tokenizer(tok)
+    ttok = trl_adapter.tool_tokenizer(tok)
     seeds_seen = []
-    orig_reset = tea.GridToolEnv.reset
+    orig_reset = tool_env.GridToolEnv.reset
 
     def spy_reset(self, seed=None, **kw):
         seeds_seen.append(seed)
         return orig_reset(self, seed=seed, **kw)
 
-    tea.GridToolEnv.reset = spy_reset
+    tool_env.GridToolEnv.reset = spy_reset
     try:
-        cfg = GRPOConfig(num_prompts=1, group_size=2, num_iters=2, lr=1e-3, max_new_tokens=8)
-        trainer = tea.make_env_trainer(model, ttok, make_env, [11, 12, 13], cfg, tempfile.mkdtemp(),
-                                       max_turns=2, max_completion_length=24)
+        cfg = GRPOConfig(num_prompts=1, group_size=2, num_iters=2, lr=1e-3, max_new_tokens=8,
+                         max_turns=2)
+        trainer = trl_adapter.make_env_trainer(model, ttok, make_env, [11, 12, 13], cfg,
+                                               tempfile.mkdtemp(), max_completion_length=24)
         trainer.train()
     finally:
-        tea.GridToolEnv.reset = orig_reset
+        tool_env.GridToolEnv.reset = orig_reset
     assert trainer.state.global_step == 2
     rows = [r for r in trainer.state.log_history if "reward" in r]
     assert len(rows) == 2 and all("rewards/GridToolEnv/mean" in r for r in rows)

@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from agentrl_lib.algorithms.grpo import GRPOConfig, evaluate, preset, train
+from agentrl_lib.algorithms.grpo import GRPOConfig, completion_sampler, evaluate, preset, train
 
 GRPO_BASE = "GRPO"
 
@@ -32,7 +32,7 @@ def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
     ``clip_eps_high`` = 0.28 is DAPO's value (Yu et al. 2025), also the default of the library preset.
 
     >>> arms = trick_arms(num_iters=3)
-    >>> list(arms)[:3], arms["Lite-PPO"].advantage, arms["Lite-PPO"].loss_agg
+    >>> list(arms)[:3], arms["Lite-PPO"].estimator, arms["Lite-PPO"].loss_agg
     (['REINFORCE', 'GRPO', 'GRPO + batch std'], 'lite_ppo', 'token_mean')
     >>> {a.num_iters for a in arms.values()}
     {3}
@@ -41,8 +41,8 @@ def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
     return {
         "REINFORCE": preset("reinforce", **shared),  # batch-mean baseline, no std
         GRPO_BASE: grpo,
-        "GRPO + batch std": replace(grpo, advantage="lite_ppo"),  # group mean, batch std
-        "GRPO - std": replace(grpo, advantage="dr_grpo"),  # group mean only
+        "GRPO + batch std": replace(grpo, estimator="lite_ppo"),  # group mean, batch std
+        "GRPO - std": replace(grpo, estimator="dr_grpo"),  # group mean only
         "GRPO + token-mean": replace(grpo, loss_agg="token_mean"),
         "GRPO + clip-higher": replace(grpo, clip_eps_high=clip_eps_high),
         "GRPO + overlong filter": replace(grpo, overlong_filter=True),
@@ -60,14 +60,14 @@ class ArmRun:
     train_seed: int
     cfg: GRPOConfig
     rows: list[dict] = field(repr=False)
-    """the rows logged by ``grpo.train`` (reward, kept_frac, clip_ratio, ... per update)"""
+    """the rows logged by ``grpo.train`` (rollout/reward, rollout/kept_frac, losses/clipfrac, ...)"""
     eval_steps: list[int]
     """updates done when each accuracy was measured; 0 is the start model"""
     eval_acc: list[float]
     wall_s: float
     task_reward: list[float] = field(default_factory=list)
     """mean of the reward functions per update, before any shaping ``train`` adds (DAPO's overlong
-    penalty is in ``rows[i]["reward"]`` but not here), so arms compare on the same scale"""
+    penalty is in ``rows[i]["rollout/reward"]`` but not here), so arms compare on the same scale"""
 
     @property
     def start_acc(self) -> float:
@@ -83,8 +83,9 @@ class ArmRun:
         return self.final_acc - self.start_acc
 
     def curve(self, key: str) -> list[float]:
-        """A per-update column of ``rows`` (NaN where an update did not log it)."""
-        return [float(r.get(key, math.nan)) for r in self.rows if "reward" in r]
+        """A per-update column of ``rows`` (NaN where an update did not log it), e.g.
+        ``"losses/clipfrac"``."""
+        return [float(r.get(key, math.nan)) for r in self.rows if "rollout/reward" in r]
 
 
 def run_arm(start_model, tokenizer, cfg: GRPOConfig, train_problems: list[dict], reward_funcs: list,
@@ -105,13 +106,14 @@ def run_arm(start_model, tokenizer, cfg: GRPOConfig, train_problems: list[dict],
         return total
 
     def on_step(row):
-        done = row["step"] + 1  # updates finished
+        done = row["iter"] + 1  # updates finished
         if done % eval_every == 0 or done == cfg.num_iters:
             steps.append(done)
-            accs.append(evaluate(model, tokenizer, eval_problems, eval_reward, max_new))
+            accs.append(evaluate(model, tokenizer, eval_problems, eval_reward, max_new)["acc"])
 
     t0 = time.time()
-    rows = train(model, tokenizer, train_problems, [recorded], cfg, on_step=on_step)
+    sample = completion_sampler(tokenizer, train_problems, [recorded], cfg)
+    rows = train(model, sample, cfg, on_step=on_step, eos_id=tokenizer.eos_token_id)
     return ArmRun(arm, difficulty, cfg.seed, cfg, rows, steps, accs, time.time() - t0, task_reward)
 
 
@@ -134,7 +136,7 @@ def run_grid(start_model, tokenizer, arms: dict[str, GRPOConfig], difficulties: 
         max_new = over.get("max_new_tokens", next(iter(arms.values())).max_new_tokens)
         start_acc = start_accs.get(d)
         if start_acc is None:
-            start_acc = evaluate(start_model, tokenizer, eval_problems, eval_reward, max_new)
+            start_acc = evaluate(start_model, tokenizer, eval_problems, eval_reward, max_new)["acc"]
         for s in train_seeds:
             for name, cfg in arms.items():
                 run = run_arm(start_model, tokenizer, replace(cfg, seed=s, **over), train_problems,

@@ -1,18 +1,28 @@
-"""Multi-turn LM rollouts: the token record (loss mask exactly on the agent's tokens, turn spans),
-batched rollout with a persistent KV cache == the naive loop == an independent text-level loop,
-recomputed log-probs == sampling log-probs, malformed output through the env's error path, the
-training loop's update, and the scripted warm-start data."""
+"""Multi-turn LM rollouts (``rollout.lm_rollout``): the token record (loss mask exactly on the
+agent's tokens, turn spans), batched rollout with a persistent KV cache == the naive loop == an
+independent text-level loop, recomputed log-probs == sampling log-probs, malformed output through
+the env's error path, GRPO's one loop on episodes (``grpo.episode_sampler``), and the scripted
+warm-start data (``sft``)."""
 
 import numpy as np
 import pytest
 import torch
 
-from agentrl_lib import agent_lm
-from agentrl_lib.agent_lm import (AgentLMConfig, episode_token_logps, lm_rollout, naive_rollout,
-                                  pad_episodes)
+from agentrl_lib.algorithms import grpo, sft
+from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.envs.multiturn import GridAgentEnv
-from agentrl_lib.models.tiny_lm import new_model
-from agentrl_lib.rollout import generate, play_episodes
+from agentrl_lib.rollout import (
+    episode_logps,
+    generate,
+    lm_rollout,
+    naive_rollout,
+    observation_text,
+    pad_episodes,
+    play_episodes,
+    text_episodes_to_tokens,
+)
+
+SYSTEM_PROMPT = GridAgentEnv.system_prompt
 
 LAYOUT = ["...", ".#.", "..."]
 
@@ -22,19 +32,13 @@ def make_env(max_turns=4):
 
 
 @pytest.fixture(scope="module")
-def lm():
-    torch.set_num_threads(1)
-    return new_model("tiny-64", seed=0)
-
-
-@pytest.fixture(scope="module")
 def moving_lm():
     """A tiny LM nudged to answer moves: a few SFT steps on the scripted policy, so episodes end at
     different turns (some reach the goal, some are cut) and actions are sometimes valid."""
     torch.set_num_threads(1)
-    cfg = agent_lm.AgentSFTConfig(env_kwargs=dict(layout=LAYOUT, max_turns=4), epsilon=0.5,
-                                  num_episodes=200, steps=40, max_turns=4, lr=1e-2)
-    model, tok, _ = agent_lm.train_agent_sft(cfg, verbose=False)
+    cfg = sft.AgentSFTConfig(env_kwargs=dict(layout=LAYOUT, max_turns=4), epsilon=0.5,
+                             num_episodes=200, steps=40, max_turns=4, lr=1e-2)
+    model, tok, _ = sft.train_agent_sft(cfg, verbose=False)
     return model, tok
 
 
@@ -62,7 +66,7 @@ def check_record(tok, ep, max_new_tokens):
         between = ep.token_ids[prev_end:start]
         if ep.token_ids[prev_end - 1] != eos:
             between = between[1:]
-        seg = tok(agent_lm.observation_text(tok, ep.observations[t]),
+        seg = tok(observation_text(tok, ep.observations[t], SYSTEM_PROMPT),
                   add_special_tokens=False)["input_ids"]
         assert between == seg
     # the record ends with the last action (the final observation is never shown to the agent)
@@ -72,7 +76,7 @@ def check_record(tok, ep, max_new_tokens):
     lp = np.array(ep.logps)
     assert np.all(lp[np.array(ep.loss_mask) == 0] == 0.0) and np.all(lp[in_span == 1] <= 0)
     # the whole conversation is the chat template applied to the messages, token for token
-    msgs = [{"role": "system", "content": agent_lm.SYSTEM_PROMPT}]
+    msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
     for o, (s, e) in zip(ep.observations, ep.turn_spans):
         msgs += [{"role": "user", "content": o},
                  {"role": "assistant", "content": tok.decode(ep.token_ids[s:e]).removesuffix(
@@ -81,8 +85,8 @@ def check_record(tok, ep, max_new_tokens):
     assert tok.decode(ep.prompt_ids + ep.token_ids) == text.removesuffix("\n")
 
 
-def test_record_masks_and_spans(lm, moving_lm):
-    for model, tok in (lm, moving_lm):
+def test_record_masks_and_spans(tiny_lm, moving_lm):
+    for model, tok in (tiny_lm, moving_lm):
         eps = lm_rollout(model, tok, make_env(), [0, 1, 2, 3], group_size=3, max_turns=4,
                          max_new_tokens=6, generator=torch.Generator().manual_seed(0))
         assert len(eps) == 12 and [ep.group_id for ep in eps] == [g for g in range(4) for _ in range(3)]
@@ -93,8 +97,8 @@ def test_record_masks_and_spans(lm, moving_lm):
     assert len(lengths) > 1 and any(ep.success for ep in eps)
 
 
-def test_malformed_output_goes_through_error_path(lm):
-    model, tok = lm  # an untrained model writes gibberish
+def test_malformed_output_goes_through_error_path(tiny_lm):
+    model, tok = tiny_lm  # an untrained model writes gibberish
     env_holder = []
 
     def mk():
@@ -133,7 +137,7 @@ def test_batched_equals_naive_and_text_loop_greedy(moving_lm):
     for j, ep in enumerate(a):
         seed = seeds[j // 2]
         env = GridAgentEnv(layout=LAYOUT, max_turns=1 + (j + 1) % 4)
-        msgs = [{"role": "system", "content": agent_lm.SYSTEM_PROMPT},
+        msgs = [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": env.reset(seed=seed)}]
         actions = []
         for _ in range(4):
@@ -151,21 +155,22 @@ def test_recomputed_logps_equal_sampling_logps(moving_lm):
     model, tok = moving_lm
     eps = lm_rollout(model, tok, make_env(), [0, 1, 2], 4, 4, 6, temperature=1.0,
                      generator=torch.Generator().manual_seed(2))
-    logps, ents, mask = episode_token_logps(model, eps)
-    _, _, _, _, loss_mask, old = pad_episodes(eps, tok.pad_token_id)
-    assert torch.equal(mask, loss_mask) and logps.requires_grad
+    logps, ents, mask = episode_logps(model, eps)
+    padded = pad_episodes(eps, tok.pad_token_id)
+    old = padded.logps
+    assert torch.equal(mask, padded.loss_mask) and logps.requires_grad
     assert mask.sum() == sum(sum(ep.loss_mask) for ep in eps)
     torch.testing.assert_close(logps, old, atol=2e-5, rtol=0)
     # batched sampling log-probs also equal a forward pass of each episode alone
     for i, ep in enumerate(eps[:4]):
-        single, _, _ = episode_token_logps(model, [ep])
+        single, _, _ = episode_logps(model, [ep])
         n = len(ep.token_ids)
         torch.testing.assert_close(single[0, :n], logps[i, :n], atol=2e-5, rtol=0)
     # temperature: sampling logps are those of the tempered distribution
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, temperature=0.7,
                      generator=torch.Generator().manual_seed(3))
-    logps, _, _ = episode_token_logps(model, eps, temperature=0.7)
-    torch.testing.assert_close(logps, pad_episodes(eps, 0)[5], atol=2e-5, rtol=0)
+    logps, _, _ = episode_logps(model, eps, temperature=0.7)
+    torch.testing.assert_close(logps, pad_episodes(eps, 0).logps, atol=2e-5, rtol=0)
 
 
 def test_sampled_distribution_batched_vs_naive(moving_lm):
@@ -192,7 +197,7 @@ def test_text_episodes_to_tokens_matches_rollout_record(moving_lm):
     ended = [e for e in eps if all(tok.eos_token_id in e.token_ids[s:t] for s, t in e.turn_spans)]
     assert ended
     import copy
-    redo = agent_lm.text_episodes_to_tokens(tok, copy.deepcopy(ended))
+    redo = text_episodes_to_tokens(tok, copy.deepcopy(ended), SYSTEM_PROMPT)
     for e, r in zip(ended, redo):
         assert (r.prompt_ids, r.token_ids, r.loss_mask, r.turn_spans) == \
             (e.prompt_ids, e.token_ids, e.loss_mask, e.turn_spans)
@@ -200,7 +205,7 @@ def test_text_episodes_to_tokens_matches_rollout_record(moving_lm):
 
 def test_scripted_policy_is_optimal_at_epsilon_zero():
     env_fn = lambda: GridAgentEnv(layout=LAYOUT, max_turns=8)  # noqa: E731
-    eps = play_episodes(env_fn, agent_lm.scripted_policy(0.0, np.random.default_rng(0)),
+    eps = play_episodes(env_fn, sft.scripted_policy(0.0, np.random.default_rng(0)),
                         list(range(40)), 1, 8)
     for ep in eps:
         start, goal = ep.task
@@ -224,43 +229,49 @@ def test_training_step_changes_params_and_advantages(moving_lm):
     model, tok = moving_lm
     model = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
+    mk = lambda: LengthRewardEnv(layout=LAYOUT, max_turns=3)  # noqa: E731
     for est in ("grpo", "gigpo"):
-        cfg = AgentLMConfig(estimator=est, num_iters=1, num_tasks=2, group_size=4, max_turns=3,
-                            max_new_tokens=6, eval_every=1, lr=1e-3)
-        rows = agent_lm.train_agent(model, tok, lambda: LengthRewardEnv(layout=LAYOUT, max_turns=3),
-                                    cfg, train_seeds=list(range(10)),
-                                    eval_seeds=[0, 1], eval_samples=1)
-        assert [r["step"] for r in rows] == [0, 1] and "eval_success" in rows[0] and "loss" in rows[0]
+        cfg = GRPOConfig(estimator=est, num_iters=1, num_prompts=2, group_size=4, max_turns=3,
+                         max_new_tokens=6, eval_every=1, lr=1e-3, loss_agg="token_mean")
+        rows = grpo.train(model, grpo.episode_sampler(tok, mk, list(range(10)), cfg), cfg,
+                          evaluate=lambda m: grpo.evaluate_agent(m, tok, mk, [0, 1], 3, 6, 1))
+        assert [r["iter"] for r in rows] == [0, 1]
+        assert "eval/success" in rows[0] and "losses/loss" in rows[0] and "rollout/turns" in rows[0]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     with pytest.raises(ValueError, match="estimator"):
-        AgentLMConfig(estimator="ppo")
+        GRPOConfig(estimator="ppo")
+    with pytest.raises(ValueError, match="multi-turn"):
+        grpo.turn_advantages([], GRPOConfig(estimator="rloo"))
 
 
 def test_loss_zero_advantage_is_zero_and_gradient_only_from_masked_tokens(moving_lm):
     model, tok = moving_lm
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, generator=torch.Generator().manual_seed(6))
-    N = max(len(e.token_ids) for e in eps)
-    cfg = AgentLMConfig()
-    loss, _ = agent_lm.agent_loss(model, eps, torch.zeros(len(eps), N), cfg)
+    g = pad_episodes(eps, tok.pad_token_id)
+    cfg = GRPOConfig(loss_agg="token_mean")
+    logps, _, m = episode_logps(model, eps)
+    loss, _ = grpo.policy_loss(logps, g.logps, torch.zeros_like(logps), g.loss_mask, cfg)
     assert loss.item() == 0.0
     # with ratio 1 the token-mean loss is -mean of the advantages on agent tokens
-    adv = torch.randn(len(eps), N)
-    loss, _ = agent_lm.agent_loss(model, eps, adv, cfg)
-    m = pad_episodes(eps, 0)[4]
+    adv = torch.randn_like(logps)
+    loss, _ = grpo.policy_loss(logps, g.logps, adv, g.loss_mask, cfg)
     torch.testing.assert_close(loss, -(adv * m).sum() / m.sum(), atol=1e-4, rtol=0)
+    # and its gradient flows only through the agent's tokens
+    grad = torch.autograd.grad(loss, logps)[0]
+    assert torch.all(grad[m == 0] == 0) and torch.all(grad[m == 1] != 0)
 
 
 def test_cached_agent_model_is_the_notebooks_ci_start():
     """`agentrl cache grid-agent-tiny` (run by make test) must build exactly the SFT start that
     notebook 30's ci defaults ask for, or the first notebook run pays minutes to train it."""
     from agentrl_lib import cli
-    from agentrl_lib.agent_lm import AGENT_MODELS, AgentSFTConfig
+    from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
     from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
 
     root = repo_root()
     p = {k: v.default for k, v in load_notebook(root / "notebooks" / "30_multiturn_agent.ipynb",
                                                 root).params.items()}
-    cfg = AGENT_MODELS["grid-agent-tiny"]
+    cfg = BASE_MODELS["grid-agent-tiny"]
     assert cfg.env_kwargs == dict(layout=p["layout"].split("|"), max_turns=p["max_turns"])
     assert (cfg.steps, cfg.epsilon, cfg.max_turns) == (p["sft_steps"], p["sft_epsilon"],
                                                        p["max_turns"])

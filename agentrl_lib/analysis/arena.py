@@ -24,10 +24,11 @@ with the exact one (tabular softmax policy, so grad_theta(s) log pi(a|s) = oneho
 - ``relative_variance``: tr Cov(g) / ||E g||^2 over batches (scale-free: noise per unit signal),
   and ``cosine`` for the bias of E g (or of each batch's g) against the exact direction.
 
-``finite_horizon_advantages`` gives the exact A^pi_t(s, a) of a stationary policy when the
-episode is cut after ``horizon`` turns (time is part of the state: at turn t, H - t turns remain).
-``mc_critic`` is the tabular Monte-Carlo critic fitted on one batch (mean return-to-go per key).
-All functions are pure (numpy/torch in, numbers out).
+The exact targets (``finite_horizon_advantages``: A^pi_t(s, a) of a stationary policy when the
+episode is cut after ``horizon`` turns; ``alive_distribution``; ``exact_pg_direction``) are exact
+dynamic programming and live in ``agentrl_lib.algorithms.dp``. ``mc_critic`` is the tabular
+Monte-Carlo critic fitted on one batch (mean return-to-go per key). All functions are pure
+(numpy/torch in, numbers out).
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-import torch
 
-from agentrl_lib.algorithms.credit import returns_to_go
+from agentrl_lib.algorithms.credit import episode_returns_to_go
 
 
 def flat(turn_values) -> np.ndarray:
@@ -144,56 +144,11 @@ def mc_critic(episodes, gamma: float) -> dict:
     """Tabular Monte-Carlo critic of one batch: V(k) = mean of G_t over the turns taken in key k
     (every visit)."""
     sums, counts = defaultdict(float), defaultdict(int)
-    for ep in episodes:
-        for k, g in zip(ep.state_keys, returns_to_go(ep.rewards, gamma)):
+    for ep, rtg in zip(episodes, episode_returns_to_go(episodes, gamma)):
+        for k, g in zip(ep.state_keys, rtg):
             sums[k] += g
             counts[k] += 1
     return {k: sums[k] / counts[k] for k in sums}
-
-
-# --- exact targets -----------------------------------------------------------------------------
-def finite_horizon_advantages(mdp, pi, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact A^pi_t(s, a) and V^pi_t(s) of a stationary policy pi (S, A) when the episode is cut
-    after ``horizon`` turns. With h = horizon - t turns left:
-
-        V_0 = 0,  Q_h(s, a) = R(s, a) + gamma sum_s' P(s'|s, a) V_{h-1}(s')  (0 at terminals),
-        V_h(s) = sum_a pi(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
-
-    Returns (A, V) of shapes (H, S, A) and (H, S), indexed by the turn t = 0..H-1.
-    """
-    pi = torch.as_tensor(pi, dtype=torch.float64)
-    live = (~mdp.terminal).to(torch.float64)  # (S,)
-    v = torch.zeros(mdp.num_states, dtype=torch.float64)
-    adv, val = [], []
-    for _ in range(horizon):
-        q = (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live[:, None]  # (S, A)
-        v = (pi * q).sum(-1)  # (S,)
-        adv.append(q - v[:, None])
-        val.append(v)
-    return torch.stack(adv[::-1]), torch.stack(val[::-1])  # (H, S, A), (H, S)
-
-
-def alive_distribution(mdp, pi, horizon: int) -> torch.Tensor:
-    """d_t(s) = P(s_t = s and the episode still running at turn t), t = 0..H-1. (H, S)"""
-    pi = torch.as_tensor(pi, dtype=torch.float64)
-    live = (~mdp.terminal).to(torch.float64)
-    P_pi = torch.einsum("sa,sat->st", pi, mdp.P)  # (S, S)
-    d = mdp.init.to(torch.float64) * live
-    out = []
-    for _ in range(horizon):
-        out.append(d)
-        d = (d @ P_pi) * live
-    return torch.stack(out)  # (H, S)
-
-
-def exact_pg_direction(mdp, pi, horizon: int) -> torch.Tensor:
-    """E[sum_t A_t(s_t, a_t) (onehot(a_t) - pi(s_t))] per episode, with the exact finite-horizon
-    A_t: sum_t d_t(s) pi(b|s) A_t(s, b) (the -pi(s) term vanishes since sum_a pi A_t = 0). (S, A)
-    No gamma^t factor: the same weighting as the sampled estimators."""
-    pi = torch.as_tensor(pi, dtype=torch.float64)
-    adv, _ = finite_horizon_advantages(mdp, pi, horizon)  # (H, S, A)
-    d = alive_distribution(mdp, pi, horizon)  # (H, S)
-    return torch.einsum("ts,sa,tsa->sa", d, pi, adv)
 
 
 def pg_direction(rows, actions, adv, probs, num_rows: int, num_episodes: int) -> np.ndarray:

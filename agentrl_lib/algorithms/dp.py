@@ -1,0 +1,145 @@
+"""Exact dynamic programming on a ``TabularMDP``: policy evaluation, Q and advantages, value and
+policy iteration, and the finite-horizon advantages of a policy cut after H turns.
+
+These are the oracles every tabular check leans on. All are differentiable in the policy, so
+``expected_return(mdp, pi)`` gives the exact policy gradient through autograd.
+
+Shapes: S states, A actions, H turns. P: (S, A, S); R: (S, A); a policy pi: (S, A).
+Sutton & Barto (2018), ch. 3-4, for the Bellman equations used here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl_lib.envs.tabular import DTYPE, TabularMDP
+
+Tensor = torch.Tensor
+
+
+def uniform_policy(mdp: TabularMDP) -> Tensor:
+    """pi(a|s) = 1/A for every state. (S, A)"""
+    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=DTYPE)
+
+
+def _continuing(mdp: TabularMDP) -> Tensor:
+    """P with the outgoing rows of terminal states zeroed: V(terminal) = 0. (S, A, S)"""
+    return mdp.P * (~mdp.terminal).to(DTYPE)[:, None, None]
+
+
+def policy_evaluation(mdp: TabularMDP, pi: Tensor) -> Tensor:
+    """V^pi by solving (I - gamma P_pi) V = r_pi; differentiable in pi. pi: (S, A) -> V: (S,).
+
+    With gamma = 1 the policy must reach a terminal state with probability 1 (else singular).
+    """
+    pi = pi.to(DTYPE)
+    live = (~mdp.terminal).to(DTYPE)
+    P_pi = torch.einsum("sa,sat->st", pi, _continuing(mdp))  # (S, S)
+    r_pi = (pi * mdp.R).sum(-1) * live  # (S,)
+    eye = torch.eye(mdp.num_states, dtype=DTYPE)
+    return torch.linalg.solve(eye - mdp.gamma * P_pi, r_pi)
+
+
+def q_from_v(mdp: TabularMDP, v: Tensor) -> Tensor:
+    """Q(s, a) = R(s, a) + gamma * sum_s' P(s'|s, a) V(s'); 0 at terminal states. (S, A)"""
+    live = (~mdp.terminal).to(DTYPE)[:, None]
+    return (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live
+
+
+def q_values(mdp: TabularMDP, pi: Tensor) -> Tensor:
+    """Q^pi (S, A)."""
+    return q_from_v(mdp, policy_evaluation(mdp, pi))
+
+
+def advantages(mdp: TabularMDP, pi: Tensor) -> Tensor:
+    """A^pi(s, a) = Q^pi(s, a) - V^pi(s). (S, A)"""
+    v = policy_evaluation(mdp, pi)
+    return q_from_v(mdp, v) - v[:, None]
+
+
+def expected_return(mdp: TabularMDP, pi: Tensor) -> Tensor:
+    """J(pi) = sum_s init(s) V^pi(s): the exact objective, a differentiable scalar."""
+    return mdp.init @ policy_evaluation(mdp, pi)
+
+
+def greedy(q: Tensor) -> Tensor:
+    """Deterministic policy taking the first argmax of Q in each state, as one-hot (S, A)."""
+    return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(DTYPE)
+
+
+def value_iteration(mdp: TabularMDP, tol: float = 1e-10, max_iters: int = 10_000):
+    """V_{k+1}(s) = max_a [R(s, a) + gamma sum_s' P(s'|s, a) V_k(s')] until the sup-norm change
+    is below ``tol``. Returns (V*, greedy pi*, number of sweeps, list of sup-norm changes).
+    """
+    v = torch.zeros(mdp.num_states, dtype=DTYPE)
+    deltas = []
+    for k in range(1, max_iters + 1):
+        v_new = q_from_v(mdp, v).max(-1).values
+        deltas.append((v_new - v).abs().max().item())
+        v = v_new
+        if deltas[-1] < tol:
+            break
+    return v, greedy(q_from_v(mdp, v)), k, deltas
+
+
+def policy_iteration(mdp: TabularMDP, pi: Tensor | None = None, max_iters: int = 1000):
+    """Evaluate exactly, improve greedily, until the policy is stable.
+
+    Ties keep the current action when it is among the maximisers (so the loop terminates).
+    Returns (V*, pi*, number of improvement steps). The start policy must be proper when gamma=1.
+    """
+    pi = uniform_policy(mdp) if pi is None else pi.to(DTYPE)
+    for k in range(1, max_iters + 1):
+        v = policy_evaluation(mdp, pi)
+        q = q_from_v(mdp, v)
+        best = q.max(-1, keepdim=True).values
+        current_is_best = ((pi > 0) & (q >= best - 1e-12)).any(-1, keepdim=True)
+        new_pi = torch.where(current_is_best & (pi.max(-1, keepdim=True).values == 1.0), pi, greedy(q))
+        if torch.equal(new_pi, pi):
+            return v, pi, k
+        pi = new_pi
+    return policy_evaluation(mdp, pi), pi, max_iters
+
+
+def finite_horizon_advantages(mdp, pi, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact A^pi_t(s, a) and V^pi_t(s) of a stationary policy pi (S, A) when the episode is cut
+    after ``horizon`` turns. With h = horizon - t turns left:
+
+        V_0 = 0,  Q_h(s, a) = R(s, a) + gamma sum_s' P(s'|s, a) V_{h-1}(s')  (0 at terminals),
+        V_h(s) = sum_a pi(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
+
+    Returns (A, V) of shapes (H, S, A) and (H, S), indexed by the turn t = 0..H-1.
+    """
+    pi = torch.as_tensor(pi, dtype=torch.float64)
+    live = (~mdp.terminal).to(torch.float64)  # (S,)
+    v = torch.zeros(mdp.num_states, dtype=torch.float64)
+    adv, val = [], []
+    for _ in range(horizon):
+        q = (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live[:, None]  # (S, A)
+        v = (pi * q).sum(-1)  # (S,)
+        adv.append(q - v[:, None])
+        val.append(v)
+    return torch.stack(adv[::-1]), torch.stack(val[::-1])  # (H, S, A), (H, S)
+
+
+def alive_distribution(mdp, pi, horizon: int) -> torch.Tensor:
+    """d_t(s) = P(s_t = s and the episode still running at turn t), t = 0..H-1. (H, S)"""
+    pi = torch.as_tensor(pi, dtype=torch.float64)
+    live = (~mdp.terminal).to(torch.float64)
+    P_pi = torch.einsum("sa,sat->st", pi, mdp.P)  # (S, S)
+    d = mdp.init.to(torch.float64) * live
+    out = []
+    for _ in range(horizon):
+        out.append(d)
+        d = (d @ P_pi) * live
+    return torch.stack(out)  # (H, S)
+
+
+def exact_pg_direction(mdp, pi, horizon: int) -> torch.Tensor:
+    """E[sum_t A_t(s_t, a_t) (onehot(a_t) - pi(s_t))] per episode, with the exact finite-horizon
+    A_t: sum_t d_t(s) pi(b|s) A_t(s, b) (the -pi(s) term vanishes since sum_a pi A_t = 0). (S, A)
+    No gamma^t factor: the same weighting as the sampled estimators."""
+    pi = torch.as_tensor(pi, dtype=torch.float64)
+    adv, _ = finite_horizon_advantages(mdp, pi, horizon)  # (H, S, A)
+    d = alive_distribution(mdp, pi, horizon)  # (H, S)
+    return torch.einsum("ts,sa,tsa->sa", d, pi, adv)

@@ -1,0 +1,78 @@
+"""A multi-turn environment as a *tool*: the shape TRL's ``GRPOTrainer(environment_factory=...)``
+(1.16) wants, without importing TRL.
+
+TRL builds one instance per rollout (``factory()``), calls ``reset(**row)`` with the data set row
+(the returned string is appended to the last user message), exposes every public method of the
+instance as a tool (schema from type hints and the Google-style docstring) and calls
+``get_reward()`` once per finished rollout. Here the tool is ``move(direction)``: one
+``env.step(direction)`` of the wrapped environment, returning the next observation;
+``get_reward()`` is the episode's return (sum_t r_t, what ``grpo.train`` trains on multi-turn).
+A move after the episode ended, or an unknown direction, returns the environment's text (the
+error path: ``GridAgentEnv`` never raises on a malformed action).
+
+``tool_conversation`` renders a scripted episode as the messages of such a rollout (assistant tool
+calls and ``tool`` results), for a warm-start that teaches the tool-call format.
+``algorithms/trl_adapter.py`` holds the TRL side: the chat template, the data set, the trainer.
+"""
+
+from __future__ import annotations
+
+INSTRUCTION = "Reach the goal in the grid. Call the move tool once per turn."
+
+
+class GridToolEnv:
+    """One rollout's environment: ``reset``, the tool ``move`` and ``get_reward``. Build through
+    ``environment_factory(make_env)``."""
+
+    def __init__(self, env):
+        self._env = env
+        self._done = False
+        self._return = 0.0
+        self.turns = 0
+        self.num_calls = 0
+
+    def reset(self, seed: int | None = None, **kwargs) -> str:
+        """TRL calls this with the data set row; the observation is appended to the user message."""
+        obs = self._env.reset(seed=None if seed is None else int(seed))
+        self._done, self._return, self.turns = False, 0.0, 0
+        return "\n" + obs
+
+    def move(self, direction: str) -> str:
+        """Move one cell in the grid.
+
+        Args:
+            direction: The move: up, down, left or right.
+
+        Returns:
+            What the agent sees after the move.
+        """
+        self.num_calls += 1
+        if self._done:
+            return "The episode is over."
+        obs, r, done, info = self._env.step(str(direction))
+        self.turns += 1
+        self._return += float(r)
+        self._done = bool(done)
+        return obs
+
+    def get_reward(self) -> float:
+        """The episode's return sum_t r_t (1 for reaching the goal in GridAgentEnv's default)."""
+        return self._return
+
+
+def environment_factory(make_env):
+    """The zero-argument factory TRL calls once per rollout."""
+    return lambda: GridToolEnv(make_env())
+
+
+def tool_conversation(env, seed: int, actions: list[str], instruction: str = INSTRUCTION):
+    """The messages of one scripted episode in TRL's format (tool calls and tool results)."""
+    msgs = [{"role": "user", "content": instruction + "\n" + env.reset(seed=seed)}]
+    for a in actions:
+        call = {"type": "function", "function": {"name": "move", "arguments": {"direction": a}}}
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        obs, _, done, _ = env.step(a)
+        msgs.append({"role": "tool", "name": "move", "content": obs})
+        if done:
+            break
+    return msgs

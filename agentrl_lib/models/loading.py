@@ -1,0 +1,97 @@
+"""Loading and saving causal LMs: by name or folder, the way any Hugging Face model is loaded.
+
+``load_policy(name_or_path)`` takes
+- ``agentrl/<size>`` (e.g. ``agentrl/tiny-64``): the project's tiny model, freshly initialised;
+- a local folder written by ``save_pretrained`` (e.g. ``save_checkpoint`` below), or a hub name:
+  ``AutoModelForCausalLM.from_pretrained`` and the matching tokenizer. Nothing is downloaded on
+  this project's machines, but the path is the real one.
+The named SFT bases (``agentrl-sft/<name>``) are built by SFT on first use:
+``agentrl_lib.algorithms.sft.load_base`` resolves the name to its cached folder and loads it here.
+
+``save_checkpoint`` writes a folder atomically (a temporary folder renamed into place), so a killed
+build never leaves a half-written checkpoint that looks complete; ``cache_root`` is where the
+project's built models live (``$AGENTRL_CACHE``, default ``~/.cache/agentrl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+BUILTIN_PREFIX = "agentrl/"
+SFT_PREFIX = "agentrl-sft/"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")  # empty = unset
+
+
+def is_char_tokenizer(folder) -> bool:
+    """True when ``folder/tokenizer.json`` holds this project's character-level tokenizer.
+
+    Needed because transformers 5's ``AutoTokenizer`` rebuilds the tokenizer from the model type in
+    config.json (qwen2 -> a byte-level BPE pre-tokenizer), silently dropping our single-character
+    split: newlines vanish and the model sees text it was never trained on.
+    """
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return False
+    pre = json.loads(path.read_text()).get("pre_tokenizer") or {}
+    return pre.get("type") == "Split" and pre.get("pattern") == {"Regex": r"[\s\S]"}
+
+
+def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kwargs):
+    """Load a causal LM and its tokenizer (see the module docstring for the names it takes).
+
+    ``builtin_kwargs`` go to ``tiny_lm.new_model`` for ``agentrl/<size>``. A missing folder, or a
+    name that is neither a folder nor reachable on the hub, raises ``FileNotFoundError`` naming it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl_lib.models.tiny_lm import new_model
+
+    if name_or_path.startswith(SFT_PREFIX):
+        raise ValueError(f"{name_or_path!r} names an SFT base built on first use: load it with "
+                         f"agentrl_lib.algorithms.sft.load_base({name_or_path!r})")
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        model, tok = new_model(name_or_path[len(BUILTIN_PREFIX):], **builtin_kwargs)
+        return model.to(device=device, dtype=dtype or torch.float32), tok
+    path = Path(name_or_path).expanduser()
+    looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}: expected a folder with config.json "
+                                f"(saved by save_pretrained)")
+    try:
+        if is_char_tokenizer(path):
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        else:
+            tok = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype or "auto")
+    except OSError as e:
+        raise FileNotFoundError(
+            f"could not load {name_or_path!r} with from_pretrained: not a local checkpoint folder, "
+            f"and the hub could not provide it ({str(e).splitlines()[0]})") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model.to(device), tok
+
+
+def save_checkpoint(model, tokenizer, path: Path, meta: dict, meta_name: str = "agentrl_sft.json") -> Path:
+    """Write model, tokenizer and ``meta`` (as ``meta_name``) to ``path`` atomically: into a temp
+    folder first, renamed into place, so a killed build never leaves a half checkpoint."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / meta_name).write_text(json.dumps(meta, indent=2, default=list))
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, path)
+    return path
