@@ -160,7 +160,7 @@ def grpo_advantages(
     if norm_adv:
         std = rewards.std(dim=-1, keepdim=True, correction=ddof)  # (..., 1)
         centred = centred / (std + eps)
-    return centred
+    return centred * ~all_equal(rewards)[..., None]  # exactly 0 where the group has no signal
 
 
 def rloo_advantages(rewards: Tensor) -> Tensor:
@@ -172,12 +172,18 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
     if g < 2:
         raise ValueError(f"RLOO needs a group of at least 2 samples, got group_size={g}")
     loo_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (g - 1)  # (..., G)
-    return rewards - loo_mean
+    return (rewards - loo_mean) * ~all_equal(rewards)[..., None]
 
 
 def all_equal(rewards: Tensor) -> Tensor:
     """Whether every reward of a group (the last axis) is the same, exactly: (..., G) -> (...).
-    What dynamic sampling drops and what gets advantage 0 (a std test fails in float32)."""
+    What dynamic sampling drops and what gets advantage 0. Testing ``std > 0`` instead fails in
+    float32: eight rewards of 2/3 have a std of about 6e-8, and (r - mean) / (std + eps) is then
+    about 6e-4, not 0.
+
+    >>> all_equal(torch.tensor([[2 / 3] * 8, [0.0, 1.0] * 4])).tolist()
+    [True, False]
+    """
     return rewards.amax(dim=-1) == rewards.amin(dim=-1)
 
 
@@ -197,7 +203,8 @@ def group_advantages(rewards: Tensor, estimator: str, ddof: int = 1, eps: float 
     if estimator == "reinforce":
         return rewards.clone()
     if estimator == "batch_mean":
-        return rewards - rewards.mean(dim=(-2, -1), keepdim=True)
+        flat = rewards.flatten(-2)  # (..., B*G)
+        return (rewards - rewards.mean(dim=(-2, -1), keepdim=True)) * ~all_equal(flat)[..., None, None]
     if estimator == "rloo":
         return rloo_advantages(rewards)
     if estimator == "grpo":

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl_lib.algorithms import agent_pg, archer
+from agentrl_lib.algorithms import archer
 from agentrl_lib.algorithms.archer import ArcherConfig
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv

@@ -107,3 +107,84 @@ def test_masked_mean_edges():
     assert core.masked_mean(x, torch.tensor([[1, 0], [0, 0]])).item() == 1.0
     assert core.masked_mean(x, torch.zeros(2, 2)).item() == 0.0  # empty mask: 0, not NaN
     assert torch.equal(core.masked_mean(x, torch.tensor([[1, 1], [0, 0]]), dim=1), torch.tensor([1.5, 0.0]))
+
+
+# --- the library's second draft: the shared pieces -------------------------------------------------
+def test_all_equal_groups_get_exactly_zero_advantage_in_float32():
+    """Eight rewards of 2/3 (or 0.7) are not dyadic: in float32 their std is about 6e-8, so the
+    plain formula gives |A| of about 6e-4 and a `std > 0` test keeps the group. Every estimator
+    must give exactly 0, and a group with a signal must be untouched."""
+    for value in (2 / 3, 0.7, 0.1):
+        flat = torch.full((1, 8), value)  # (B=1, G=8), float32
+        assert flat.std(-1).item() > 0  # the trap
+        naive = (flat - flat.mean(-1, keepdim=True)) / (flat.std(-1, keepdim=True) + 1e-4)
+        assert naive.abs().max().item() > 1e-5
+        assert core.all_equal(flat).tolist() == [True]
+        for est in core.ESTIMATORS[1:]:  # every estimator with a baseline
+            assert torch.equal(core.group_advantages(flat, est), torch.zeros_like(flat)), (value, est)
+    mixed = torch.tensor([[0.7] * 8, [0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]])  # (B=2, G=8)
+    for est in ("grpo", "rloo", "dr_grpo", "lite_ppo"):
+        a = core.group_advantages(mixed, est)
+        assert torch.equal(a[0], torch.zeros(8)) and a[1].abs().min() > 0.1, est
+    signal = mixed[1:]
+    want = (signal - signal.mean()) / (signal.std() + 1e-4)
+    assert torch.equal(core.group_advantages(signal, "grpo"), want)  # a signal is untouched
+    # a batch whose every reward is equal: the batch-level baseline gives 0 too
+    assert torch.equal(core.group_advantages(torch.full((2, 4), 0.7), "batch_mean"), torch.zeros(2, 4))
+
+
+def test_group_advantages_names_and_leading_axes():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)  # (B, G)
+    assert torch.equal(core.group_advantages(r, "reinforce"), r)
+    assert torch.allclose(core.group_advantages(r, "batch_mean"), r - 5 / 8)
+    assert torch.allclose(core.group_advantages(r, "lite_ppo"),
+                          (r - r.mean(-1, keepdim=True)) / (r.std() + 1e-4))
+    k = torch.stack([r, 1 - r])  # (K=2, B, G): independent draws stay apart
+    for est in core.ESTIMATORS:
+        lead = core.group_advantages(k, est)
+        assert torch.allclose(lead[1], core.group_advantages(1 - r, est)), est
+    with pytest.raises(ValueError, match="unknown estimator"):
+        core.group_advantages(r, "ppo")
+
+
+def test_aggregations_and_clip_stats_by_hand():
+    x = torch.tensor([[1.0, 1.0, 4.0], [2.0, 0.0, 0.0]])
+    m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert core.aggregate(x, m, "token_mean").item() == pytest.approx(8 / 4)
+    assert core.aggregate(x, m, "seq_mean").item() == pytest.approx((2 + 2) / 2)
+    assert core.aggregate(x, m, "const_norm", max_len=4).item() == pytest.approx(8 / 8)
+    assert core.aggregate(x, torch.zeros_like(m), "seq_mean").item() == 0.0  # empty: 0, not NaN
+    with pytest.raises(ValueError, match="unknown loss_agg"):
+        core.aggregate(x, m, "sum")
+    # ratios 1.5 (A > 0: clipped), 0.5 (A > 0: not), 0.5 (A < 0: clipped), 1.5 (A < 0: not)
+    lp = torch.log(torch.tensor([1.5, 0.5, 0.5, 1.5]))
+    s = core.clip_stats(lp, torch.zeros(4), torch.tensor([1.0, 1.0, -1.0, -1.0]), clip_eps=0.2)
+    assert s["clipfrac"] == 0.5
+    k3 = [(r - 1) - math.log(r) for r in (1.5, 0.5, 0.5, 1.5)]
+    assert s["approx_kl"] == pytest.approx(sum(k3) / 4)
+
+
+def test_whiten_conventions():
+    x = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    m = torch.tensor([1, 1, 1, 0])
+    w0 = core.whiten(x, m)  # ddof 0 over the three real entries: mean 2, var 2/3
+    assert torch.allclose(w0, torch.tensor([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(2 / 3), atol=1e-6)
+    w1 = core.whiten(x, m, ddof=1)  # var 1
+    assert torch.allclose(w1, torch.tensor([-1.0, 0.0, 1.0, 0.0]), atol=1e-6)
+    # CleanRL's normalize: (x - mean) / (std(ddof=1) + 1e-8), unmasked
+    assert torch.equal(core.whiten(x, ddof=1), (x - x.mean()) / (x.std() + 1e-8))
+    # TRL's masked_whiten: (x - mean) * rsqrt(var(ddof=0) + 1e-8) over the mask
+    trl = (x - 2.0) * torch.rsqrt(torch.tensor(2 / 3) + 1e-8) * m
+    assert torch.allclose(core.whiten(x, m, eps_in_sqrt=True), trl)
+    assert core.whiten(x, m, shift_mean=False)[:3].mean().item() == pytest.approx(2.0)
+
+
+def test_value_loss_and_explained_variance():
+    v_old, ret = torch.tensor([0.0]), torch.tensor([1.0])
+    assert core.value_loss(torch.tensor([1.0]), v_old, ret, 0.2).item() == pytest.approx(0.32)
+    assert core.value_loss(torch.tensor([0.1]), v_old, ret, 0.2).item() == pytest.approx(0.405)
+    assert core.value_loss(torch.tensor([1.0]), v_old, ret, 0.2, clip=False).item() == 0.0
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert core.explained_variance(r, r) == pytest.approx(1.0)
+    assert core.explained_variance(torch.full((4,), 2.5), r) == pytest.approx(0.0)
+    assert math.isnan(core.explained_variance(r, torch.ones(4)))

@@ -103,3 +103,24 @@ def test_group_members_get_independent_transition_noise():
     assert len({tuple(e.state_keys) for e in eps}) > 1
     again = play_episodes(env_fn, right, seeds=[5], group_size=6)
     assert [e.state_keys for e in eps] == [e.state_keys for e in again]
+
+
+def test_all_equal_groups_get_exactly_zero_and_normalisation_equals_core():
+    """GiGPO's anchor groups hold discounted returns-to-go (0.95^k: not dyadic): a group of equal
+    values gets exactly 0, as core.grpo_advantages gives; elsewhere the numpy twin equals core."""
+    from agentrl_lib.core import grpo_advantages
+
+    gamma = 0.95  # the "x" turns: three returns-to-go of 0.95 (their numpy mean is off by 1e-16)
+    eps = [ep(["s", "x", "y"], [0.0, 0.0, 1.0]) for _ in range(3)]
+    a_s = credit.step_advantages(eps, gamma=gamma)
+    assert all(np.array_equal(a, np.zeros(3)) for a in a_s)
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 8):
+        for norm_adv in (True, False):
+            for ddof in (0, 1):
+                x = rng.normal(size=n)
+                want = grpo_advantages(torch.as_tensor(x), norm_adv, ddof).numpy()
+                assert np.allclose(credit._normalise(x, norm_adv, ddof, 1e-4), want, atol=1e-12)
+        same = np.full(n, 0.95)
+        assert np.array_equal(credit._normalise(same, True, 1, 1e-4), np.zeros(n))
+        assert torch.equal(grpo_advantages(torch.as_tensor(same)), torch.zeros(n, dtype=torch.float64))

@@ -7,7 +7,7 @@ import pytest
 
 from agentrl_lib import cli
 from agentrl_lib.pipeline import notebooks as nbs
-from agentrl_lib.pipeline.report import build_report, summarise
+from agentrl_lib.pipeline.report import summarise
 from agentrl_lib.pipeline.results import assert_claims, claim, write_results
 
 PARAMS = '''seed: int = 0  # random seed
@@ -96,6 +96,29 @@ def test_bad_profiles_file(tmp_path):
     (root / "reproductions/00_toy/profiles.yaml").write_text("cpu:\n  steps: many\n")
     with pytest.raises(nbs.PipelineError, match="'steps' expects int"):
         nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+    for text in ("cpu: steps: 5\n", "- cpu\n", "cpu:\n  - 5\n"):  # not mappings
+        (root / "reproductions/00_toy/profiles.yaml").write_text(text)
+        with pytest.raises(nbs.PipelineError, match="profiles.yaml"):
+            nbs.load_notebook(root / "notebooks" / "00_toy.ipynb", root)
+
+
+def test_malformed_yaml_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    """A malformed profiles.yaml or grid names the file, the line and what is wrong, in one line
+    and exit code 2, before anything runs; no parser traceback."""
+    root = make_repo(tmp_path, "cpu:\n  steps: [5\n  lr: 0.1\n")
+    monkeypatch.chdir(root)
+    assert cli.main(["run", "00", "--profile", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "profiles.yaml:3:5: malformed YAML" in err and "flow sequence that starts at line 2" in err
+    (root / "reproductions/00_toy/profiles.yaml").write_text("cpu:\n  steps: 5\n")
+    grid = root / "bad.yaml"
+    grid.write_text("lr: [0.1\nsteps: [1]\n")
+    assert cli.main(["reproduce", "00", "--grid", str(grid), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"agentrl: error: {grid}:2:6: malformed YAML: expected ',' or ']', but got ':' "
+                   f"(while parsing a flow sequence that starts at line 1)")
+    assert not (root / "runs").exists()
 
 
 def test_find_notebook(tmp_path):

@@ -1,7 +1,6 @@
 """PPO (agentrl_lib.algorithms.ppo): config checks, the losses on hand-computed inputs, one update,
 the training loop's bookkeeping on environments with known answers, and learning on a gridworld."""
 
-import math
 
 import gymnasium as gym
 import numpy as np

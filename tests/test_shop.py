@@ -3,7 +3,6 @@
 import numpy as np
 
 from agentrl_lib.algorithms import dp
-from agentrl_lib.envs import tabular as T
 from agentrl_lib.envs.shop import ShopEnv, eval_panel, make_catalog
 from agentrl_lib.models.policies import tabular_agent
 from agentrl_lib.rollout import play_episodes

@@ -93,6 +93,55 @@ def test_from_gymnasium_values():
         T.from_gymnasium("CartPole-v1")
 
 
+def _greedy_return_in_env(env, start: int, pi_star, gamma: float, max_steps: int = 500) -> float:
+    """Discounted return of the tabular greedy policy played in the gymnasium env itself from
+    ``start`` (the deterministic toy-text envs: one rollout is the exact value)."""
+    env.reset(seed=0)
+    env.unwrapped.s = start
+    total, discount, s = 0.0, 1.0, start
+    for _ in range(max_steps):
+        s, r, term, _, _ = env.unwrapped.step(int(pi_star[s].argmax()))
+        total += discount * r
+        discount *= gamma
+        if term:
+            break
+    return total
+
+
+@pytest.mark.parametrize("name,kw", [("Taxi-v4", {}), ("CliffWalking-v1", {}),
+                                     ("FrozenLake-v1", {"is_slippery": False})])
+def test_from_gymnasium_terminality_follows_the_env(name, kw):
+    """Termination is a property of a transition: every (s, a) of the tabular form ends or goes on
+    exactly as the env's table says, and V*(s) equals the greedy policy's return played in the env,
+    from every state (also those the start distribution never reaches)."""
+    import gymnasium as gym
+
+    gamma = 0.9
+    env = gym.make(name, **kw)
+    P = env.unwrapped.P
+    S = env.observation_space.n
+    m = T.from_gymnasium(env, gamma=gamma)
+    for s in np.flatnonzero(~m.terminal[:S].numpy()):  # a terminal state is absorbing: its own
+        for a in range(env.action_space.n):        # row in P is never used by the env's episode
+            for prob, s2, r, term in P[s][a]:
+                target = s2 if not term or m.terminal[s2] else S  # S: the added absorbing state
+                assert m.P[s, a, target] >= prob - 1e-12
+                assert bool(m.terminal[target]) == bool(term)
+    v, pi, _, _ = dp.value_iteration(m, tol=1e-12)
+    for s in np.flatnonzero(~m.terminal[:S].numpy()):
+        assert _greedy_return_in_env(env, int(s), pi, gamma) == pytest.approx(v[s].item(), abs=1e-8)
+    if name == "Taxi-v4":
+        # the drop-off cell with the passenger at its destination is also entered by a move, so it
+        # is not terminal; the drop-off itself ends the episode through the added state
+        assert m.num_states == S + 1 and m.terminal.sum() == 1 and m.terminal[S]
+        dest_states = [s for s in range(S) if (lambda d: d[2] == d[3] and (d[0], d[1]) ==
+                       env.unwrapped.locs[d[3]])(list(env.unwrapped.decode(s)))]
+        assert len(dest_states) == 4 and not any(m.terminal[s] for s in dest_states)
+        assert m.init[S] == 0 and abs(m.init.sum().item() - 1) < 1e-12
+    else:
+        assert m.num_states == S  # every terminating transition enters a state that always ends
+
+
 def test_sampled_rewards_follow_source_env():
     lake = T.from_gymnasium("FrozenLake-v1", gamma=0.99, is_slippery=False)
     s, _ = lake.reset(seed=0)

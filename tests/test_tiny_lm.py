@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from agentrl_lib.models.loading import load_policy
-from agentrl_lib.models.tiny_lm import build_tokenizer, new_model
+from agentrl_lib.models.tiny_lm import build_tokenizer
 from agentrl_lib.rollout import completion_mask_from_ids, generate, sequence_logps
 
 

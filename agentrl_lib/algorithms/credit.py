@@ -46,7 +46,7 @@ def _normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -> np.
     Written in numpy because anchor groups are many and tiny: a torch call per group made GiGPO's
     advantages ten times slower (measured on notebook 31). ``tests/test_credit.py`` checks it
     equals ``core.grpo_advantages``."""
-    if len(values) < 2:
+    if len(values) < 2 or np.all(values == values[0]):  # no signal: exactly 0 (core.all_equal)
         return np.zeros(len(values))
     centred = values - values.mean()
     return centred / (values.std(ddof=ddof) + eps) if norm_adv else centred

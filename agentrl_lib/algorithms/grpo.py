@@ -313,9 +313,8 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None) -> Batc
         if eos_id is None:
             raise ValueError("overlong_filter needs eos_id")
         keep &= (g.completion_ids == eos_id).any(-1)
-    if cfg.dynamic_sampling:
-        std = rewards.view(-1, cfg.group_size).std(-1)
-        keep &= (std > 0).repeat_interleave(cfg.group_size)
+    if cfg.dynamic_sampling:  # groups whose rewards are all equal carry no gradient
+        keep &= ~core.all_equal(rewards.view(-1, cfg.group_size)).repeat_interleave(cfg.group_size)
     metrics["rollout/kept_frac"] = keep.float().mean().item()
     idx = keep.nonzero().squeeze(-1)
     pick = (lambda xs: [xs[i] for i in idx.tolist()]) if not keep.all() else (lambda xs: xs)

@@ -200,9 +200,14 @@ def from_gymnasium(env_or_id, gamma: float = 0.99, **make_kwargs) -> TabularMDP:
     """Convert a gymnasium toy-text environment (FrozenLake, CliffWalking, Taxi) to a TabularMDP
     from its transition table ``env.unwrapped.P[s][a] = [(prob, s_next, reward, terminated)]``.
 
-    Start states come from resetting the environment (FrozenLake and CliffWalking have one);
-    pass ``initial_state_distrib`` semantics through ``env.unwrapped.initial_state_distrib``
-    when the environment has it (Taxi does).
+    In gymnasium, termination is a property of a *transition*; a TabularMDP marks *states*. A state
+    is terminal when every transition into it terminates: the episode always ends there
+    (FrozenLake's holes and goal, CliffWalking's goal). A terminating transition into a state that
+    is also entered without terminating (Taxi's drop-off: the cell where the passenger is then at
+    its destination can also be entered by a move) goes to one added absorbing state instead, index
+    S, so the MDP then has S + 1 states; its values are those of the environment, whose episode
+    ends at that transition. Start states come from ``initial_state_distrib`` when the environment
+    has one (Taxi), else from a reset.
     """
     import gymnasium as gym
 
@@ -211,24 +216,36 @@ def from_gymnasium(env_or_id, gamma: float = 0.99, **make_kwargs) -> TabularMDP:
     if not hasattr(base, "P"):
         raise ValueError(f"{base} has no transition table P; only toy-text envs can be converted")
     S, A = base.observation_space.n, base.action_space.n
-    P = np.zeros((S, A, S))
-    Rn = np.zeros((S, A, S))
-    terminal = np.zeros(S, dtype=bool)
-    for s in range(S):
-        for a in range(A):
-            for prob, s2, r, term in base.P[s][a]:
-                P[s, a, s2] += prob
-                Rn[s, a, s2] = r
-                if term:
-                    terminal[s2] = True
+    outcomes = [(s, a, prob, int(s2), float(r), bool(term)) for s in range(S) for a in range(A)
+                for prob, s2, r, term in base.P[s][a]]
+    entered_ending, entered_going_on = np.zeros(S, dtype=bool), np.zeros(S, dtype=bool)
+    for _, _, _, s2, _, term in outcomes:
+        (entered_ending if term else entered_going_on)[s2] = True
+    terminal_states = entered_ending & ~entered_going_on
+    sink = S if (entered_ending & entered_going_on).any() else None
+    S_tab = S + (sink is not None)
+    P = np.zeros((S_tab, A, S_tab))
+    Rn = np.zeros((S_tab, A, S_tab))
+    rewards_to: dict[tuple, list] = {}  # (s, a, target) -> [(prob, reward)]
+    for s, a, prob, s2, r, term in outcomes:
+        target = sink if term and not terminal_states[s2] else s2
+        P[s, a, target] += prob
+        rewards_to.setdefault((s, a, target), []).append((prob, r))
+    for (s, a, t), pr in rewards_to.items():  # outcomes merged into one target keep E[r]
+        rs = {r for _, r in pr}
+        Rn[s, a, t] = rs.pop() if len(rs) == 1 else sum(p * r for p, r in pr) / sum(p for p, _ in pr)
+    terminal = np.zeros(S_tab, dtype=bool)
+    terminal[:S] = terminal_states
+    if sink is not None:
+        terminal[sink] = True
     for s in np.flatnonzero(terminal):  # absorbing, value 0, as the oracles expect
         P[s], Rn[s] = 0.0, 0.0
         P[s, :, s] = 1.0
     R = (P * Rn).sum(-1)
+    init = np.zeros(S_tab)
     if hasattr(base, "initial_state_distrib"):
-        init = np.asarray(base.initial_state_distrib, dtype=float)
+        init[:S] = np.asarray(base.initial_state_distrib, dtype=float)
     else:
-        init = np.zeros(S)
         init[int(env.reset(seed=0)[0])] = 1.0
     spec = getattr(env, "spec", None)
     max_steps = (spec.max_episode_steps if spec and spec.max_episode_steps else 200)

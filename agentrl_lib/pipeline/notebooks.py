@@ -157,14 +157,33 @@ def parse_cli_value(name: str, tname: str, text: str):
         raise PipelineError(f"parameter {name!r} expects {tname}, got {text!r}") from None
 
 
+def read_yaml(path: Path | str):
+    """The parsed YAML file; a malformed one raises PipelineError naming the file, the line and
+    column, and what is wrong (never a parser traceback)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark, context = getattr(e, "problem_mark", None), getattr(e, "context", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if context:
+            start = getattr(e, "context_mark", None)
+            problem += f" ({context}{f' that starts at line {start.line + 1}' if start else ''})"
+        raise PipelineError(f"{where}: malformed YAML: {problem}") from None
+
+
 def load_profiles(root: Path, name: str, params: dict[str, Param]) -> dict[str, dict]:
     path = root / "reproductions" / name / "profiles.yaml"
     profiles = {"ci": {}}
     if path.is_file():
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path) or {}
+        if not isinstance(data, dict):
+            raise PipelineError(f"{path}: profiles are a mapping profile -> {{parameter: value}}")
         for prof, overrides in data.items():
             if prof not in PROFILES:
                 raise PipelineError(f"{path}: unknown profile {prof!r}; expected one of {PROFILES}")
+            if not isinstance(overrides or {}, dict):
+                raise PipelineError(f"{path} [{prof}]: expected a mapping parameter -> value")
             profiles[prof] = validate_overrides(overrides or {}, params, f"{path} [{prof}]")
     return profiles
 

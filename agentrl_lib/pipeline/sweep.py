@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from agentrl_lib.pipeline.notebooks import (
-    NotebookInfo, PipelineError, load_notebook, repo_root, resolve_params, validate_overrides,
+    NotebookInfo, PipelineError, load_notebook, read_yaml, repo_root, resolve_params,
+    validate_overrides,
 )
 from agentrl_lib.pipeline.paths import point_tag, run_dir_for
 from agentrl_lib.pipeline.run import execute
@@ -61,7 +60,7 @@ def load_grid(path: Path | str, info: NotebookInfo) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"grid file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: a grid is a mapping name -> [values] or {{points: [...]}}")
     if "points" in data:
