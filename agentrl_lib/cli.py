@@ -48,13 +48,17 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _notebooks(names: list[str], root: Path) -> list:
+    """The notebooks named on the command line (stems, unique prefixes, or 'all'), loaded."""
+    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
+    return [load_notebook(p, root) for p in paths]
+
+
 def cmd_run(args) -> int:
     from agentrl_lib.pipeline.run import execute
 
     root = repo_root()
-    names = args.notebook
-    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
-    infos = [load_notebook(p, root) for p in paths]
+    infos = _notebooks(args.notebook, root)
     seeds = args.seed or [0]
     # check every parameter of every run before the first one starts
     for info in infos:
@@ -82,9 +86,7 @@ def cmd_reproduce(args) -> int:
     from agentrl_lib.pipeline.sweep import load_grid, parse_seeds, plan, run_sweep
 
     root = repo_root()
-    names = args.notebook
-    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
-    infos = [load_notebook(p, root) for p in paths]
+    infos = _notebooks(args.notebook, root)
     seeds = parse_seeds(args.seeds)
     runs_root = Path(args.runs) if args.runs else root / "runs"
     points = []

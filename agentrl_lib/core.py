@@ -74,12 +74,11 @@ def aggregate(x: Tensor, mask: Tensor | None = None, loss_agg: str = "token_mean
 
 
 def whiten(x: Tensor, mask: Tensor | None = None, ddof: int = 0, eps: float = 1e-8,
-           eps_in_sqrt: bool = False, shift_mean: bool = True) -> Tensor:
+           eps_in_sqrt: bool = False) -> Tensor:
     """(x - mean) / (std + eps) over the entries where ``mask`` is 1 (all when None); 0 elsewhere.
 
     ddof: 0 for the population std, 1 for the unbiased one. eps_in_sqrt: multiply by
     rsqrt(var + eps) instead (TRL's ``masked_whiten``, lm-human-preferences' ``tf.nn.moments``).
-    shift_mean=False adds the mean back (whitening rewards without centring them).
 
     >>> whiten(torch.tensor([1.0, 3.0])).tolist()
     [-1.0, 1.0]
@@ -97,8 +96,6 @@ def whiten(x: Tensor, mask: Tensor | None = None, ddof: int = 0, eps: float = 1e
         std = var.sqrt()
     centred = x - mean
     out = centred * torch.rsqrt(var + eps) if eps_in_sqrt else centred / (std + eps)
-    if not shift_mean:
-        out = out + mean
     return out if mask is None else out * mask.to(x.dtype)
 
 

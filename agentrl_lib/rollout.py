@@ -383,6 +383,14 @@ class Episode:
         return bool(self.infos and self.infos[-1].get("success", False))
 
 
+def episode_stats(episodes, prefix: str = "") -> dict:
+    """Success rate, mean return, mean turns and invalid-action rate of a list of episodes."""
+    return {f"{prefix}success": float(np.mean([ep.success for ep in episodes])),
+            f"{prefix}return": float(np.mean([ep.ret for ep in episodes])),
+            f"{prefix}turns": float(np.mean([len(ep) for ep in episodes])),
+            f"{prefix}invalid": float(np.mean([1 - np.mean(ep.valid) for ep in episodes]))}
+
+
 def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
                   max_turns: int | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped

@@ -74,7 +74,7 @@ def test_sft_cache_trains_once_and_rebuilds_corrupt_entries(tmp_path, monkeypatc
     (path / "config.json").write_text("{not json")
     sft.checkpoint(cfg, verbose=True)
     assert "is unusable" in capsys.readouterr().out
-    model, tok = sft.load(cfg, verbose=False)
+    model, tok = sft.load_base(cfg, verbose=False)
     assert json.loads((path / "agentrl_sft.json").read_text())["config"]["steps"] == 3
     other = sft.SFTConfig(steps=4, num_problems=40, batch_size=8)
     assert sft.config_key(other) != sft.config_key(cfg)

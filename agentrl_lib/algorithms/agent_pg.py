@@ -9,7 +9,7 @@ rho = 1 at the first step). The policy is any table of ``models.policies`` with 
 and ``episode_logps`` (``KeyTablePolicy``).
 
 Logged rows: ``iter``, ``episodes`` (played so far), ``rollout/*`` (success, return, turns,
-abs_adv), ``losses/*`` (loss, clipfrac, approx_kl) and ``eval/*`` (``eval_fn``'s dict).
+invalid, abs_adv), ``losses/*`` (loss, clipfrac, approx_kl) and ``eval/*`` (``eval_fn``'s dict).
 
 Estimators (strings, see ``credit.py``): 'reinforce' (the episode's return, no baseline, on
 every turn), 'grpo' (return normalised within its group, broadcast), 'gigpo' (episode +
@@ -26,7 +26,7 @@ import torch
 
 from agentrl_lib.algorithms import credit
 from agentrl_lib.core import ppo_clip_loss
-from agentrl_lib.rollout import play_episodes
+from agentrl_lib.rollout import episode_stats, play_episodes
 from agentrl_lib.utils import optimizer_step
 
 ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae")
@@ -133,10 +133,7 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
             if cfg.estimator == "turn_gae":
                 fit_critic(critic, episodes, cfg.gamma, cfg.critic_lr)
         metrics = update(policy, optimizer, episodes, adv, cfg)
-        row = {"iter": it + 1, "episodes": num_episodes,
-               "rollout/success": float(np.mean([ep.success for ep in episodes])),
-               "rollout/return": float(np.mean([ep.ret for ep in episodes])),
-               "rollout/turns": float(np.mean([len(ep) for ep in episodes])),
+        row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/"),
                "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))), **metrics}
         if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
                                     or it + 1 == cfg.num_iters):

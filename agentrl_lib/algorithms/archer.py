@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from agentrl_lib.algorithms import credit
-from agentrl_lib.rollout import play_episodes
+from agentrl_lib.rollout import episode_stats, play_episodes
 from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
@@ -406,10 +406,7 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
         episodes = play_episodes(make_env, policy.act, [int(s) for s in seeds], 1)
         num_episodes += len(episodes)
         critic.add(episodes)
-        row = {"iter": it + 1, "episodes": num_episodes,
-               "rollout/success": float(np.mean([ep.success for ep in episodes])),
-               "rollout/return": float(np.mean([ep.ret for ep in episodes])),
-               "rollout/turns": float(np.mean([len(ep) for ep in episodes]))}
+        row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/")}
         m = critic.update(cfg.critic_updates, policy_probs if cfg.v_target == "policy" else None)
         row.update({f"losses/{k}": v for k, v in m.items()})
         if it >= cfg.warmup_iters:

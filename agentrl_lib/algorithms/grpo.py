@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from agentrl_lib import core
 from agentrl_lib.algorithms import credit
-from agentrl_lib.rollout import Generation, format_prompts, generate, generation_logps, lm_rollout, \
-    pad_episodes
+from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
+    generation_logps, lm_rollout, pad_episodes
 from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
@@ -209,8 +209,6 @@ class Batch:
     """(B,) the score of each completion, or the return of each episode"""
     metrics: dict = field(default_factory=dict)
     """``rollout/*`` and ``time/gen_s`` of the round"""
-    problems: list | None = None
-    """single-turn: the problem of each row (prompt-major: group i is rows i*G .. i*G + G-1)"""
     episodes: list | None = None
     """multi-turn: the ``Episode`` record of each row"""
     advantages: Tensor | None = None
@@ -245,8 +243,7 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
         rewards = score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B*G,)
         return Batch(gen, rewards, {"rollout/reward": rewards.mean().item(),
                                     "rollout/completion_len": gen.completion_mask.sum(-1).float().mean().item(),
-                                    "time/gen_s": t_gen},
-                     problems=problems, max_len=cfg.max_new_tokens)
+                                    "time/gen_s": t_gen}, max_len=cfg.max_new_tokens)
     return sample
 
 
@@ -271,14 +268,6 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
                                      **episode_stats(eps, "rollout/"), "time/gen_s": t_gen},
                      episodes=eps)
     return sample
-
-
-def episode_stats(episodes, prefix: str = "") -> dict:
-    """Success rate, mean return, turns and invalid-action rate of a list of episodes."""
-    return {f"{prefix}success": float(np.mean([ep.success for ep in episodes])),
-            f"{prefix}return": float(np.mean([ep.ret for ep in episodes])),
-            f"{prefix}turns": float(np.mean([len(ep) for ep in episodes])),
-            f"{prefix}invalid": float(np.mean([1 - np.mean(ep.valid) for ep in episodes]))}
 
 
 # --- advantages and the update -------------------------------------------------------------------
@@ -317,11 +306,10 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None) -> Batc
         keep &= ~core.all_equal(rewards.view(-1, cfg.group_size)).repeat_interleave(cfg.group_size)
     metrics["rollout/kept_frac"] = keep.float().mean().item()
     idx = keep.nonzero().squeeze(-1)
-    pick = (lambda xs: [xs[i] for i in idx.tolist()]) if not keep.all() else (lambda xs: xs)
-    return replace(batch, seqs=g.select(idx) if not keep.all() else g, rewards=rewards[idx],
-                   advantages=adv[idx], metrics=metrics,
-                   problems=None if batch.problems is None else pick(batch.problems),
-                   episodes=None if batch.episodes is None else pick(batch.episodes))
+    episodes = batch.episodes if keep.all() or batch.episodes is None else \
+        [batch.episodes[i] for i in idx.tolist()]
+    return replace(batch, seqs=g if keep.all() else g.select(idx), rewards=rewards[idx],
+                   advantages=adv[idx], metrics=metrics, episodes=episodes)
 
 
 def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None) -> dict:

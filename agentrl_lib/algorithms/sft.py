@@ -11,7 +11,7 @@
   missing, incomplete, unreadable or recorded with another config. The key is a hash of the config
   (and ``FORMAT_VERSION``), so notebooks that ask for the same base share it; writes are atomic.
 - ``BASE_MODELS``: the named bases (``agentrl-sft/<name>``), built by ``agentrl cache`` or on first
-  use; ``load_base`` loads one by name, or any folder or hub name through ``load_policy``.
+  use; ``load_base`` loads one by name or config, or any folder or hub name through ``load_policy``.
 """
 
 from __future__ import annotations
@@ -250,16 +250,14 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
     return path
 
 
-def load(cfg, device: str = "cpu", verbose: bool = True):
-    """(model, tokenizer) of the cached checkpoint of ``cfg`` (built first if needed), in eval mode."""
-    model, tok = load_policy(str(checkpoint(cfg, verbose)), device=device)
-    return model.eval(), tok
-
-
-def load_base(name_or_path: str, device: str = "cpu", dtype=None, verbose: bool = True):
-    """The start model of an RL run: ``agentrl-sft/<name>`` (a base of ``BASE_MODELS``, built on
-    first use), or anything ``models.loading.load_policy`` takes (a checkpoint folder, a hub name,
+def load_base(name_or_cfg, device: str = "cpu", dtype=None, verbose: bool = True):
+    """The start model of an RL run, in eval mode: ``agentrl-sft/<name>`` (a base of
+    ``BASE_MODELS``) or an ``SFTConfig`` / ``AgentSFTConfig`` (built on first use and cached), or
+    anything ``models.loading.load_policy`` takes (a checkpoint folder, a hub name,
     ``agentrl/<size>``). Returns (model, tokenizer)."""
-    if name_or_path.startswith(SFT_PREFIX):
-        name_or_path = str(checkpoint(base_config(name_or_path), verbose))
-    return load_policy(name_or_path, device=device, dtype=dtype)
+    if isinstance(name_or_cfg, (SFTConfig, AgentSFTConfig)):
+        name_or_cfg = str(checkpoint(name_or_cfg, verbose))
+    elif name_or_cfg.startswith(SFT_PREFIX):
+        name_or_cfg = str(checkpoint(base_config(name_or_cfg), verbose))
+    model, tok = load_policy(name_or_cfg, device=device, dtype=dtype)
+    return model.eval(), tok

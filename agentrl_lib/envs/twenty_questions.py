@@ -240,22 +240,7 @@ class TwentyQuestionsEnv:
         V*(b, t) = max_a sum_{b'} P(b'|b,a) [r + gamma (1 - terminal) V*(b', t+1)].
         Returns (v_star, q_star): functions of a state key (cached).
         """
-        g = self.gamma if gamma is None else float(gamma)
-        A = len(self.actions)
-
-        @lru_cache(maxsize=None)
-        def q_star(key):
-            q = np.zeros(A)
-            for a in range(A):
-                q[a] = sum(p * (r + (0.0 if term else g * v_star(k2)))
-                           for p, r, k2, term in self.transitions(key, a))
-            return q
-
-        @lru_cache(maxsize=None)
-        def v_star(key):
-            return float(q_star(key).max())
-
-        return v_star, q_star
+        return self._values(lambda key, q: float(q.max()), gamma)
 
     def policy_values(self, policy, gamma: float | None = None):
         """V^pi and Q^pi of a tabular policy ``policy(key) -> (A,) probabilities``.
@@ -264,22 +249,28 @@ class TwentyQuestionsEnv:
         V^pi(s) = sum_a pi(a|s) Q^pi(s,a). Returns (v_pi, q_pi), cached functions of a key.
         A malformed turn is not in the symbolic action set, so it is not modelled here.
         """
+        return self._values(lambda key, q: float(np.dot(np.asarray(policy(key), dtype=float), q)),
+                            gamma)
+
+    def _values(self, backup, gamma):
+        """(v, q) of the recursion q(s, a) = sum P (r + gamma (1 - terminal) v(s')), v(s) =
+        backup(s, q(s, .)): the max for V*, the policy's expectation for V^pi."""
         g = self.gamma if gamma is None else float(gamma)
         A = len(self.actions)
 
         @lru_cache(maxsize=None)
-        def q_pi(key):
-            q = np.zeros(A)
+        def q(key):
+            out = np.zeros(A)
             for a in range(A):
-                q[a] = sum(p * (r + (0.0 if term else g * v_pi(k2)))
-                           for p, r, k2, term in self.transitions(key, a))
-            return q
+                out[a] = sum(p * (r + (0.0 if term else g * v(k2)))
+                             for p, r, k2, term in self.transitions(key, a))
+            return out
 
         @lru_cache(maxsize=None)
-        def v_pi(key):
-            return float(np.dot(np.asarray(policy(key), dtype=float), q_pi(key)))
+        def v(key):
+            return backup(key, q(key))
 
-        return v_pi, q_pi
+        return v, q
 
     def success_probability(self, policy) -> float:
         """P(the game is won within max_turns) under ``policy(key) -> probs``, exactly:

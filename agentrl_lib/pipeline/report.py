@@ -22,26 +22,23 @@ from pathlib import Path
 import numpy as np
 
 
-def collect(runs_root: Path) -> list[dict]:
-    """Every readable results.json under ``runs_root`` (``.tmp`` files are never read)."""
-    out = []
-    for path in sorted(Path(runs_root).rglob("results.json")):
+def _readable(runs_root: Path, name: str):
+    """(path, parsed JSON) of every readable ``name`` file under ``runs_root``, sorted."""
+    for path in sorted(Path(runs_root).rglob(name)):
         try:
-            r = json.loads(path.read_text())
+            yield path, json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        r["_dir"] = str(path.parent)
-        out.append(r)
-    return out
+
+
+def collect(runs_root: Path) -> list[dict]:
+    """Every readable results.json under ``runs_root`` (``.tmp`` files are never read)."""
+    return [{**r, "_dir": str(path.parent)} for path, r in _readable(runs_root, "results.json")]
 
 
 def failed_runs(runs_root: Path) -> list[dict]:
     out = []
-    for path in sorted(Path(runs_root).rglob("run.json")):
-        try:
-            r = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for path, r in _readable(runs_root, "run.json"):
         if not r.get("ok") and not (path.parent / "results.json").exists():
             out.append({"dir": str(path.parent), "error": r.get("error", "")})
     return out
