@@ -302,7 +302,6 @@ class ShopEnv:
     def relative_action(self, state_key: tuple, action: str) -> str:
         """An action named relative to the task: 'search[target]', 'click[other]', ...."""
         task = state_key[0]
-        want = self.items[task[0]]
         tool, arg = self.parse(action)
         if tool == "search":
             return "search[target]" if task[0] in self.search_results(arg) else "search[other]"
