@@ -97,14 +97,37 @@ class SFTConfig:
     lr: float = 3e-3
     """AdamW learning rate, linear warm-up over 5% then cosine decay"""
     seed: int = 0
+    direct_fraction: float = 0.0
+    """chain only: the fraction of problems whose completion is the answer alone (``answer 14``)
+    rather than the worked steps. A base SFT'd on such a mix sometimes works a chain out and
+    sometimes answers at once, and working it out is right far more often: a behaviour that RL
+    can select, on every prompt, held-out ones included (notebook 11)"""
+
+
+# Fields added after FORMAT_VERSION 1 enter a config's identity (cache key, recorded config) only
+# when set, so checkpoints cached before they existed stay valid.
+_ADDED_FIELDS = {"direct_fraction": 0.0}
+
+
+def _identity(cfg) -> dict:
+    return {k: v for k, v in asdict(cfg).items()
+            if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
 
 
 def task_examples(cfg: SFTConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(ids, loss mask) of chat(prompt) + reference completion for the config's training problems."""
+    """(ids, loss mask) of chat(prompt) + completion for the config's training problems: the
+    reference completion, or for a ``direct_fraction`` of them (drawn with the seed) the answer
+    alone."""
+    if cfg.direct_fraction and cfg.task != "chain":
+        raise ValueError(f"direct_fraction is for the chain task (its reference has steps to "
+                         f"skip), got task {cfg.task!r}")
     per = max(1, cfg.num_problems // len(cfg.difficulties))
     problems = [p for d in cfg.difficulties
                 for p in make_problems(cfg.task, per, d, "train", seed=cfg.seed, strict=False)]
-    return [chat_example(tokenizer, p["prompt"], reference_completion(p)) for p in problems]
+    direct = random.Random(f"direct-{cfg.seed}")
+    return [chat_example(tokenizer, p["prompt"], f"answer {p['answer']}"
+                         if cfg.direct_fraction and direct.random() < cfg.direct_fraction
+                         else reference_completion(p)) for p in problems]
 
 
 def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
@@ -191,10 +214,14 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
 # The named base models that notebooks share (``load_base("agentrl-sft/<name>")``).
 # arith-tiny: 1500 steps reach about 30% greedy held-out accuracy on 2-digit arithmetic (measured
 # on the 200-problem panel; 18% sampled at temperature 1): room for RL to show a gain.
+# chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
+# start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
 BASE_MODELS = {
     "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
+    "chain-mix-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500,
+                                direct_fraction=0.5),
     "arith-small": SFTConfig(size="small-128", task="arithmetic", difficulties=(1, 2, 3),
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
@@ -210,7 +237,7 @@ def base_config(name: str) -> SFTConfig | AgentSFTConfig:
 
 
 def config_key(cfg) -> str:
-    blob = json.dumps({"v": FORMAT_VERSION, **asdict(cfg)}, sort_keys=True, default=list)
+    blob = json.dumps({"v": FORMAT_VERSION, **_identity(cfg)}, sort_keys=True, default=list)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -225,7 +252,7 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
     """The cached checkpoint folder for ``cfg``, trained first when missing or unusable."""
     path = checkpoint_path(cfg)
     meta = path / "agentrl_sft.json"
-    recorded_config = json.loads(json.dumps(asdict(cfg), default=list))
+    recorded_config = json.loads(json.dumps(_identity(cfg), default=list))
     if meta.is_file():
         try:
             from transformers import AutoConfig
@@ -245,7 +272,7 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
     t0 = time.time()
     train = train_agent_sft if isinstance(cfg, AgentSFTConfig) else train_sft
     model, tok, history = train(cfg, verbose=verbose)
-    save_checkpoint(model, tok, path, {"config": asdict(cfg), "history": history,
+    save_checkpoint(model, tok, path, {"config": _identity(cfg), "history": history,
                                        "train_s": round(time.time() - t0, 1)})
     return path
 
