@@ -32,6 +32,12 @@ def test_notebook_is_clean_and_declared(path):
     assert not gone, f"metadata.agentrl.modules names modules that do not exist: {gone}"
     assert {"ci", "cpu", "gpu"} <= set(info.profiles), "declare cpu and gpu profiles"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    # papermill parses the cell with its own regexes (which, e.g., fail on an '=' in a comment) and
+    # silently drops what it cannot parse from its list of known parameters
+    import papermill
+
+    assert set(papermill.inspect_notebook(str(path))) == set(info.params), \
+        "papermill does not parse every parameter line (an '=' in a # comment?)"
 
 
 def test_readme_map_lists_every_notebook():
