@@ -15,12 +15,16 @@ Conventions (where papers differ, the choice is stated and the alternative is an
   TRL and lm-human-preferences multiply by ``rsqrt(var + eps)`` (ddof=0).
 - The fraction of clipped entries (``clipfrac``) counts where the clipped branch of the PPO
   minimum is active, i.e. the gradient is zero: rho > 1 + eps_high with A > 0, or rho < 1 - eps
-  with A < 0 (TRL's "clip ratio"; CleanRL counts |rho - 1| > eps whatever the sign of A).
+  with A < 0 (TRL's "clip ratio"; CleanRL counts |rho - 1| > eps whatever the sign of A). Under
+  CISPO no gradient is zeroed; its ``clipfrac`` counts the entries whose weight the clip caps.
+  With a sequence-level ratio (GSPO) it still counts tokens: a clipped sequence clips all of its
+  tokens (the GSPO paper's "fraction of clipped tokens"; TRL averages over sequences instead).
 
 References: Schulman et al. 2016 (GAE, arXiv:1506.02438); Schulman et al. 2017 (PPO,
 arXiv:1707.06347); Shao et al. 2024 (GRPO, arXiv:2402.03300); Ahmadian et al. 2024 (RLOO,
 arXiv:2402.14740); Liu et al. 2025 (Dr. GRPO, arXiv:2503.20783; Lite-PPO, arXiv:2508.08221);
-Schulman 2020, "Approximating KL divergence" (k1, k2, k3).
+Hu 2025 (REINFORCE++, arXiv:2501.03262); Zheng et al. 2025 (GSPO, arXiv:2507.18071); MiniMax 2025
+(CISPO, MiniMax-M1, arXiv:2506.13585); Schulman 2020, "Approximating KL divergence" (k1, k2, k3).
 """
 
 from __future__ import annotations
@@ -29,14 +33,33 @@ import torch
 
 Tensor = torch.Tensor
 
-# The advantage estimators of the critic-free family, one name per baseline:
-#   reinforce   A = r                                   (no baseline; Williams 1992)
-#   batch_mean  A = r - mean of all rewards of the batch (REINFORCE with a batch-mean baseline)
-#   rloo        A = r - mean of the other G-1 rewards of the group (Ahmadian et al. 2024)
-#   grpo        A = (r - group mean) / (group std + eps) (Shao et al. 2024)
-#   dr_grpo     A = r - group mean                       (Liu et al. 2025, Dr. GRPO)
-#   lite_ppo    A = (r - group mean) / (batch std + eps) (Liu et al. 2025, Tricks or Traps)
-ESTIMATORS = ("reinforce", "batch_mean", "rloo", "grpo", "dr_grpo", "lite_ppo")
+# The advantages of the critic-free family are three orthogonal knobs (``normalised_advantages``),
+#   A = (r - b) / (s + eps),  b from ``mean_level``, s from ``std_level``, each over the group (the
+#   G rewards of one prompt), the batch (all B*G rewards) or 'none' (b = 0, no division);
+#   ``leave_one_out`` takes b over the other rewards of the same set (unbiased).
+# The named estimators are points of that matrix:
+#   reinforce     A = r                                    (no baseline; Williams 1992)
+#   batch_mean    A = r - batch mean                       (REINFORCE with a batch-mean baseline)
+#   rloo          A = r - mean of the other G-1 rewards    (Ahmadian et al. 2024)
+#   grpo          A = (r - group mean) / (group std + eps) (Shao et al. 2024)
+#   dr_grpo       A = r - group mean                       (Liu et al. 2025, Dr. GRPO)
+#   lite_ppo      A = (r - group mean) / (batch std + eps) (Liu et al. 2025, Tricks or Traps)
+#   reinforce_pp  A = (r - batch mean) / (batch std + eps) (Hu 2025, REINFORCE++: its "global
+#                 advantage normalisation", here of the sequence rewards; see normalised_advantages)
+ADV_LEVELS = ("group", "batch", "none")
+ESTIMATORS = {
+    "reinforce": {"mean_level": "none", "std_level": "none", "leave_one_out": False},
+    "batch_mean": {"mean_level": "batch", "std_level": "none", "leave_one_out": False},
+    "rloo": {"mean_level": "group", "std_level": "none", "leave_one_out": True},
+    "grpo": {"mean_level": "group", "std_level": "group", "leave_one_out": False},
+    "dr_grpo": {"mean_level": "group", "std_level": "none", "leave_one_out": False},
+    "lite_ppo": {"mean_level": "group", "std_level": "batch", "leave_one_out": False},
+    "reinforce_pp": {"mean_level": "batch", "std_level": "batch", "leave_one_out": False},
+}
+# The importance ratio per token (PPO, GRPO) or per sequence (GSPO), and what the clip does to it:
+# 'ppo' drops the gradient outside the range, 'cispo' caps the (detached) weight and keeps it.
+IS_LEVELS = ("token", "sequence")
+CLIPS = ("ppo", "cispo")
 AGGREGATIONS = ("seq_mean", "token_mean", "const_norm")
 
 
@@ -145,6 +168,53 @@ def gae_advantages(
     return adv, adv + v_t
 
 
+def normalised_advantages(rewards: Tensor, mean_level: str = "group", std_level: str = "group",
+                          leave_one_out: bool = False, ddof: int = 1, eps: float = 1e-4) -> Tensor:
+    """A = (r - b) / (s + eps), the critic-free advantage as three knobs (module comment above).
+
+    rewards: (..., B, G) -> (..., B, G); leading axes (e.g. independent draws K) are kept apart.
+    'group' reduces over the last axis (one prompt's G rewards), 'batch' over the last two (B*G).
+
+    b: mean_level 'none' -> 0; otherwise the mean of the level's rewards, or with
+       ``leave_one_out`` of the *other* n - 1 of them: b_i = (sum_j r_j - r_i) / (n - 1).
+    s: std_level 'none' -> no division; otherwise the level's std with ``ddof``.
+
+    Where the rewards the mean is taken over are all equal, A is exactly 0 (``all_equal``; their
+    float32 std is not always 0). REINFORCE++ (Hu 2025) whitens per *token* over the batch with
+    ddof=0 and eps inside the sqrt (OpenRLHF); here every row counts once, with ``ddof``/``eps``.
+
+    >>> r = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    >>> normalised_advantages(r, "batch", "none", leave_one_out=True).mul(3).tolist()
+    [[1.0, -3.0], [1.0, 1.0]]
+    """
+    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
+        if level not in ADV_LEVELS:
+            raise ValueError(f"unknown {name} {level!r}; expected one of {ADV_LEVELS}")
+    if leave_one_out and mean_level == "none":
+        raise ValueError("leave_one_out needs a mean_level ('group' or 'batch'), got 'none'")
+    dims = {"group": -1, "batch": (-2, -1)}
+    if mean_level == "none":
+        adv = rewards.clone()
+    elif leave_one_out:
+        n = rewards.shape[-1] if mean_level == "group" else rewards.shape[-2] * rewards.shape[-1]
+        if n < 2:
+            size = f"group_size={n}" if mean_level == "group" else f"B*G={n}"
+            raise ValueError(f"leave_one_out needs at least 2 rewards per {mean_level}, got {size}")
+        total = rewards.sum(dim=dims[mean_level], keepdim=True)  # (..., B|1, 1)
+        loo_mean = (total - rewards) / (n - 1)  # (..., B, G)
+        adv = rewards - loo_mean
+    else:
+        adv = rewards - rewards.mean(dim=dims[mean_level], keepdim=True)  # (..., B, G)
+    if std_level != "none":
+        std = rewards.std(dim=dims[std_level], keepdim=True, correction=ddof)  # (..., B|1, 1)
+        adv = adv / (std + eps)
+    if mean_level == "group":  # exactly 0 where the set has no signal
+        adv = adv * ~all_equal(rewards)[..., None]
+    elif mean_level == "batch":
+        adv = adv * ~all_equal(rewards.flatten(-2))[..., None, None]
+    return adv
+
+
 def grpo_advantages(
     rewards: Tensor, norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4
 ) -> Tensor:
@@ -153,11 +223,8 @@ def grpo_advantages(
     rewards: (..., G), one row per prompt. ``norm_adv=False`` drops the std division (Dr. GRPO,
     Liu et al. 2025). eps=1e-4 as in TRL. A group whose rewards are all equal gets A = 0.
     """
-    centred = rewards - rewards.mean(dim=-1, keepdim=True)  # (..., G)
-    if norm_adv:
-        std = rewards.std(dim=-1, keepdim=True, correction=ddof)  # (..., 1)
-        centred = centred / (std + eps)
-    return centred * ~all_equal(rewards)[..., None]  # exactly 0 where the group has no signal
+    std_level = "group" if norm_adv else "none"
+    return normalised_advantages(rewards, "group", std_level, False, ddof, eps)
 
 
 def rloo_advantages(rewards: Tensor) -> Tensor:
@@ -165,11 +232,7 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
 
     rewards: (..., G) with G >= 2. Unbiased: the baseline does not depend on sample i.
     """
-    g = rewards.shape[-1]
-    if g < 2:
-        raise ValueError(f"RLOO needs a group of at least 2 samples, got group_size={g}")
-    loo_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (g - 1)  # (..., G)
-    return (rewards - loo_mean) * ~all_equal(rewards)[..., None]
+    return normalised_advantages(rewards, "group", "none", leave_one_out=True)
 
 
 def all_equal(rewards: Tensor) -> Tensor:
@@ -185,11 +248,9 @@ def all_equal(rewards: Tensor) -> Tensor:
 
 
 def group_advantages(rewards: Tensor, estimator: str, ddof: int = 1, eps: float = 1e-4) -> Tensor:
-    """Per-sample advantages of the critic-free estimators (``ESTIMATORS``, see above).
-
-    rewards: (..., B, G) -> (..., B, G). Leading axes (e.g. independent draws K) are kept apart;
-    'batch_mean' and the batch std of 'lite_ppo' use the last two axes (the B*G rewards of one
-    batch), the group estimators the last one. ``ddof`` and ``eps`` are those of the std.
+    """The advantages of a named estimator: ``normalised_advantages`` at its point of the matrix
+    (``ESTIMATORS[estimator]``, see above). rewards: (..., B, G) -> (..., B, G). ``ddof`` and
+    ``eps`` are those of the std.
 
     >>> r = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
     >>> group_advantages(r, "rloo").mul(3).tolist()
@@ -197,52 +258,87 @@ def group_advantages(rewards: Tensor, estimator: str, ddof: int = 1, eps: float 
     >>> group_advantages(r, "dr_grpo").tolist()
     [[0.5, -0.5, -0.5, 0.5]]
     """
-    if estimator == "reinforce":
-        return rewards.clone()
-    if estimator == "batch_mean":
-        flat = rewards.flatten(-2)  # (..., B*G)
-        return (rewards - rewards.mean(dim=(-2, -1), keepdim=True)) * ~all_equal(flat)[..., None, None]
-    if estimator == "rloo":
-        return rloo_advantages(rewards)
-    if estimator == "grpo":
-        return grpo_advantages(rewards, norm_adv=True, ddof=ddof, eps=eps)
-    if estimator == "dr_grpo":
-        return grpo_advantages(rewards, norm_adv=False)
-    if estimator == "lite_ppo":  # group-mean centring, batch-level std (Tricks or Traps, sec. 4)
-        batch_std = rewards.std(dim=(-2, -1), keepdim=True, correction=ddof)  # (..., 1, 1)
-        return grpo_advantages(rewards, norm_adv=False) / (batch_std + eps)
-    raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; expected one of {tuple(ESTIMATORS)}")
+    return normalised_advantages(rewards, **ESTIMATORS[estimator], ddof=ddof, eps=eps)
+
+
+def log_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor | None = None,
+              is_level: str = "token") -> Tensor:
+    """log rho, the log importance ratio of the new policy to the sampling one.
+
+    'token':    log rho_t = logps_t - old_logps_t, the shape of ``logps``;
+    'sequence': log s_i = 1/|y_i| sum_t m_t (logps_t - old_logps_t), (B, 1) (GSPO, Zheng et al.
+                2025, eq. 7: s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|)); an empty row gets 0.
+
+    >>> logps, mask = torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1, 1, 0]])
+    >>> log_ratio(logps, torch.zeros(1, 3), mask, "sequence").tolist()
+    [[2.0]]
+    """
+    lr = logps - old_logps
+    if is_level == "token":
+        return lr
+    if is_level == "sequence":
+        m = torch.ones_like(lr) if mask is None else mask.to(lr.dtype)
+        return ((lr * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
+    raise ValueError(f"unknown is_level {is_level!r}; expected one of {IS_LEVELS}")
 
 
 def clipped_token_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor,
-                       clip_eps: float = 0.2, clip_eps_high: float | None = None) -> Tensor:
-    """The PPO clipped surrogate per entry, to be minimised (Schulman et al. 2017, eq. 7):
+                       clip_eps: float = 0.2, clip_eps_high: float | None = None,
+                       mask: Tensor | None = None, is_level: str = "token",
+                       clip: str = "ppo") -> Tensor:
+    """The clipped policy-gradient loss per entry, to be minimised:
 
-    l = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A),   rho = exp(logps - old_logps)
+    'ppo'   l = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)    (Schulman et al. 2017, eq. 7)
+    'cispo' l = -sg(clip(rho, 1 - eps, 1 + eps_high)) A log pi    (MiniMax-M1, eq. 4: the weight
+            is capped and detached, so every token keeps a gradient, A grad log pi times the weight)
 
+    rho = exp(``log_ratio``): per token, or with is_level='sequence' one per sequence (GSPO; needs
+    ``mask`` for the sequence lengths), which then multiplies every token of it.
     logps, old_logps: (B,) actions or (B, T) tokens; advantages: the same shape, or (B,) one per
     sequence of a (B, T) batch. ``clip_eps_high`` (DAPO's clip-higher) defaults to ``clip_eps``.
+    Returns the shape of ``logps``.
     """
     adv = advantages[:, None] if advantages.dim() == 1 and logps.dim() == 2 else advantages
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = torch.exp(logps - old_logps)
-    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high) * adv)
+    ratio = torch.exp(log_ratio(logps, old_logps, mask, is_level))  # (B, T), or (B, 1) per sequence
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
+    if clip == "ppo":
+        per_entry = -torch.minimum(ratio * adv, clipped * adv)
+    elif clip == "cispo":
+        per_entry = -clipped.detach() * adv * logps
+    else:
+        raise ValueError(f"unknown clip {clip!r}; expected one of {CLIPS}")
+    return per_entry.expand(torch.broadcast_shapes(per_entry.shape, logps.shape))
 
 
 @torch.no_grad()
 def clip_stats(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor | None = None,
-               clip_eps: float = 0.2, clip_eps_high: float | None = None) -> dict[str, float]:
-    """``clipfrac``: the fraction of entries whose gradient the clip zeroes (module docstring);
-    ``approx_kl``: the k3 estimate of KL(old || new), mean(rho - 1 - log rho)."""
+               clip_eps: float = 0.2, clip_eps_high: float | None = None,
+               is_level: str = "token", clip: str = "ppo") -> dict[str, float]:
+    """``clipfrac``: the fraction of entries the clip acts on (module docstring): under 'ppo' those
+    whose gradient it zeroes (rho > 1 + eps_high with A > 0, rho < 1 - eps with A < 0), under
+    'cispo' those whose weight it caps (rho outside [1 - eps, 1 + eps_high], any A); with a
+    sequence-level rho every token of a clipped sequence counts.
+    ``approx_kl``: the k3 estimate of KL(old || new) per token, mean(rho_t - 1 - log rho_t)."""
     adv = advantages[:, None] if advantages.dim() == 1 and logps.dim() == 2 else advantages
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-    log_ratio = logps - old_logps
-    ratio = torch.exp(log_ratio)
-    adv = adv.expand_as(ratio)
-    clipped = ((ratio < 1.0 - clip_eps) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+    log_ratio_t = logps - old_logps
+    ratio_t = torch.exp(log_ratio_t)
+    ratio = ratio_t
+    if is_level != "token":
+        ratio = torch.exp(log_ratio(logps, old_logps, mask, is_level))  # (B, 1)
+    if clip == "ppo":
+        clipped = ((ratio < 1.0 - clip_eps) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+    elif clip == "cispo":
+        clipped = (ratio < 1.0 - clip_eps) | (ratio > 1.0 + eps_high)
+    else:
+        raise ValueError(f"unknown clip {clip!r}; expected one of {CLIPS}")
+    clipped = clipped.expand(torch.broadcast_shapes(clipped.shape, logps.shape))
     m = None if mask is None else mask.to(ratio.dtype)
     return {"clipfrac": masked_mean(clipped.to(ratio.dtype), m).item(),
-            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, m).item()}
+            "approx_kl": masked_mean((ratio_t - 1.0) - log_ratio_t, m).item()}
 
 
 def ppo_clip_loss(

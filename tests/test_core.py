@@ -120,7 +120,7 @@ def test_all_equal_groups_get_exactly_zero_advantage_in_float32():
         naive = (flat - flat.mean(-1, keepdim=True)) / (flat.std(-1, keepdim=True) + 1e-4)
         assert naive.abs().max().item() > 1e-5
         assert core.all_equal(flat).tolist() == [True]
-        for est in core.ESTIMATORS[1:]:  # every estimator with a baseline
+        for est in [e for e, k in core.ESTIMATORS.items() if k["mean_level"] != "none"]:
             assert torch.equal(core.group_advantages(flat, est), torch.zeros_like(flat)), (value, est)
     mixed = torch.tensor([[0.7] * 8, [0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]])  # (B=2, G=8)
     for est in ("grpo", "rloo", "dr_grpo", "lite_ppo"):
@@ -187,3 +187,145 @@ def test_value_loss_and_explained_variance():
     assert core.explained_variance(r, r) == pytest.approx(1.0)
     assert core.explained_variance(torch.full((4,), 2.5), r) == pytest.approx(0.0)
     assert math.isnan(core.explained_variance(r, torch.ones(4)))
+
+
+# --- the advantage matrix, the ratio level and the clip -------------------------------------------
+def test_normalised_advantages_knobs_by_hand():
+    r = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)  # (B=2, G=2)
+    adv = core.normalised_advantages
+    # batch mean 0.75; batch std (ddof=1) of [1, 0, 1, 1]: squares 1/16 * 3 + 9/16 = 3/4, / 3 -> 1/4
+    want = torch.tensor([[0.25, -0.75], [0.25, 0.25]], dtype=torch.float64)
+    assert torch.allclose(adv(r, "batch", "batch"), want / (0.5 + 1e-4), atol=1e-15)
+    assert torch.equal(core.group_advantages(r, "reinforce_pp"), adv(r, "batch", "batch"))
+    # ddof=0: var 3/16, std sqrt(3)/4
+    assert torch.allclose(adv(r, "batch", "batch", ddof=0, eps=0.0), want / (math.sqrt(3) / 4))
+    # batch leave-one-out: a 1 sees the other three {0, 1, 1} (mean 2/3), the 0 sees {1, 1, 1}
+    loo = torch.tensor([[1 / 3, -1.0], [1 / 3, 1 / 3]], dtype=torch.float64)
+    assert torch.allclose(adv(r, "batch", "none", leave_one_out=True), loo, atol=1e-15)
+    # group leave-one-out with the group std: [1, 0] -> [1, -1] / (std([1, 0]) = sqrt(1/2));
+    # the all-equal group [1, 1] stays exactly 0
+    g = adv(r, "group", "group", leave_one_out=True)
+    pair = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    assert torch.allclose(g[0], pair / (math.sqrt(0.5) + 1e-4))
+    assert torch.equal(g[1], torch.zeros(2, dtype=torch.float64))
+    # no baseline, batch std: r / (0.5 + eps), nothing zeroed (REINFORCE keeps all-equal groups)
+    assert torch.allclose(adv(r, "none", "batch"), r / 0.5001)
+    # the table's points are these knobs
+    for name, knobs in core.ESTIMATORS.items():
+        assert torch.equal(core.group_advantages(r, name), adv(r, **knobs)), name
+    with pytest.raises(ValueError, match="unknown mean_level 'prompt'"):
+        adv(r, "prompt", "none")
+    with pytest.raises(ValueError, match="unknown std_level 'all'"):
+        adv(r, "group", "all")
+    with pytest.raises(ValueError, match="leave_one_out needs a mean_level"):
+        adv(r, "none", "none", leave_one_out=True)
+    with pytest.raises(ValueError, match="B\\*G=1"):
+        adv(torch.ones(1, 1), "batch", "none", leave_one_out=True)
+
+
+def _old_group_advantages(rewards, estimator, ddof=1, eps=1e-4):
+    """``core.group_advantages`` as it was before the knobs (commit bff38d9), frozen here: the
+    named estimators must give the same bits."""
+    def grpo(r, norm_adv=True):
+        centred = r - r.mean(dim=-1, keepdim=True)
+        if norm_adv:
+            centred = centred / (r.std(dim=-1, keepdim=True, correction=ddof) + eps)
+        return centred * ~core.all_equal(r)[..., None]
+    if estimator == "reinforce":
+        return rewards.clone()
+    if estimator == "batch_mean":
+        flat = rewards.flatten(-2)
+        signal = ~core.all_equal(flat)[..., None, None]
+        return (rewards - rewards.mean(dim=(-2, -1), keepdim=True)) * signal
+    if estimator == "rloo":
+        g = rewards.shape[-1]
+        loo_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (g - 1)
+        return (rewards - loo_mean) * ~core.all_equal(rewards)[..., None]
+    if estimator == "grpo":
+        return grpo(rewards)
+    if estimator == "dr_grpo":
+        return grpo(rewards, norm_adv=False)
+    batch_std = rewards.std(dim=(-2, -1), keepdim=True, correction=ddof)  # lite_ppo
+    return grpo(rewards, norm_adv=False) / (batch_std + eps)
+
+
+def _bits(x):
+    return x.contiguous().view(torch.int64 if x.dtype == torch.float64 else torch.int32)
+
+
+def test_named_estimators_are_bitwise_unchanged():
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for dt in (torch.float32, torch.float64):
+        flat = torch.randint(0, 3, (6, 4), generator=g).to(dt) / 3
+        flat[0], flat[1] = 0.7, 2 / 3  # all-equal groups whose float32 std is not 0
+        cases += [torch.rand(5, 8, generator=g, dtype=dt), flat, torch.full((3, 4), 0.7, dtype=dt),
+                  (torch.rand(2, 4, 6, generator=g) < 0.5).to(dt),
+                  torch.randn(3, 2, generator=g, dtype=dt)]
+    n = 0
+    for r in cases:
+        for est in ("reinforce", "batch_mean", "rloo", "grpo", "dr_grpo", "lite_ppo"):
+            for ddof, eps in ((1, 1e-4), (0, 1e-4), (1, 1e-8), (0, 0.0)):
+                new = core.group_advantages(r, est, ddof, eps)
+                old = _old_group_advantages(r, est, ddof, eps)
+                assert new.dtype == old.dtype and torch.equal(_bits(new), _bits(old)), (est, ddof)
+                n += 1
+    assert n == 10 * 6 * 4
+
+
+def test_sequence_level_ratio_by_hand():
+    # row 0: token log-ratios log 2 and log 1/2 (mean 0: s = 1); row 1: log 1.44 on its one token
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    lp = torch.log(torch.tensor([[2.0, 0.5], [1.44, 7.0]], dtype=torch.float64))
+    lp.requires_grad_(True)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    assert torch.allclose(core.log_ratio(lp, old, mask, "sequence").exp(),
+                          torch.tensor([[1.0], [1.44]], dtype=torch.float64))
+    adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    seq = core.clipped_token_loss(lp, old, adv, 0.2, mask=mask, is_level="sequence")  # (B, T)
+    # s = 1 unclipped: -1 on both tokens; s = 1.44 > 1.2 with A > 0: -1.2 on every token
+    assert torch.allclose(seq, torch.tensor([[-1.0, -1.0], [-1.2, -1.2]], dtype=torch.float64))
+    loss = core.aggregate(seq, mask, "seq_mean")
+    assert math.isclose(loss.item(), (-1.0 - 1.2) / 2)
+    (grad,) = torch.autograd.grad(loss, lp)
+    # row 0: d(-s A)/d logp_t = -A s / |y| = -1/2, then / 2 rows; row 1 is clipped: 0
+    assert torch.allclose(grad, torch.tensor([[-0.25, -0.25], [0.0, 0.0]], dtype=torch.float64))
+    # token level: row 0 ratios 2 (clipped to 1.2) and 0.5 (min(0.5, 0.8) = 0.5); row 1 clipped
+    tok = core.aggregate(core.clipped_token_loss(lp, old, adv, 0.2), mask, "seq_mean")
+    assert math.isclose(tok.item(), (-(1.2 + 0.5) / 2 - 1.2) / 2)
+    # clipfrac counts tokens: sequence level clips row 1's one token (1 of 3); token level also
+    # clips row 0's first token (2 of 3)
+    s_seq = core.clip_stats(lp, old, adv, mask, 0.2, is_level="sequence")
+    s_tok = core.clip_stats(lp, old, adv, mask, 0.2)
+    assert s_seq["clipfrac"] == pytest.approx(1 / 3) and s_tok["clipfrac"] == pytest.approx(2 / 3)
+    assert s_seq["approx_kl"] == s_tok["approx_kl"]  # the KL estimate is per token either way
+    with pytest.raises(ValueError, match="unknown is_level 'turn'"):
+        core.log_ratio(lp, old, mask, "turn")
+
+
+def test_cispo_by_hand():
+    # ratios 2 and 0.5 on tokens with pi = 1/2 and 1/4; A = 1; range [0.8, 1.28]
+    lp = torch.log(torch.tensor([[0.5, 0.25]], dtype=torch.float64)).requires_grad_(True)
+    old = lp.detach() - torch.log(torch.tensor([[2.0, 0.5]], dtype=torch.float64))
+    adv, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2)
+    per = core.clipped_token_loss(lp, old, adv, 0.2, 0.28, clip="cispo")
+    # l = -w A log pi with w = clip(rho) = 1.28 and 0.8
+    want = torch.tensor([[1.28 * math.log(2), 0.8 * math.log(4)]], dtype=torch.float64)
+    assert torch.allclose(per, want)
+    (grad,) = torch.autograd.grad(core.aggregate(per, mask, "token_mean"), lp)
+    # the weight is detached: d/d log pi = -w A / 2 tokens; nothing is zeroed
+    assert torch.allclose(grad, torch.tensor([[-0.64, -0.4]], dtype=torch.float64))
+    (grad_ppo,) = torch.autograd.grad(
+        core.aggregate(core.clipped_token_loss(lp, old, adv, 0.2, 0.28), mask, "token_mean"), lp)
+    # PPO: rho = 2 > 1.28 with A > 0 is clipped (gradient 0); rho = 0.5 gives -A rho / 2
+    assert torch.allclose(grad_ppo, torch.tensor([[0.0, -0.25]], dtype=torch.float64))
+    # clipfrac: CISPO caps both weights; PPO zeroes one gradient; with A < 0 they swap roles
+    assert core.clip_stats(lp, old, adv, mask, 0.2, 0.28, clip="cispo")["clipfrac"] == 1.0
+    assert core.clip_stats(lp, old, adv, mask, 0.2, 0.28)["clipfrac"] == 0.5
+    assert core.clip_stats(lp, old, -adv, mask, 0.2, 0.28, clip="cispo")["clipfrac"] == 1.0
+    assert core.clip_stats(lp, old, -adv, mask, 0.2, 0.28)["clipfrac"] == 0.5
+    # clip_eps = 1: no lower bound, the 0.5 weight is kept
+    per_nolow = core.clipped_token_loss(lp, old, adv, 1.0, 0.28, clip="cispo")
+    assert torch.allclose(per_nolow[0, 1], torch.tensor(0.5 * math.log(4), dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown clip 'dual'"):
+        core.clipped_token_loss(lp, old, adv, clip="dual")

@@ -3,11 +3,13 @@ loop on single-turn completions (its multi-turn use is in test_lm_rollout.py).""
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from agentrl_lib import core
 from agentrl_lib.algorithms import grpo
 from agentrl_lib.algorithms.grpo import GRPOConfig, policy_loss, preset
 from agentrl_lib.core import group_advantages
@@ -59,13 +61,113 @@ def test_config_errors():
         GRPOConfig(loss_agg="sum")
     with pytest.raises(ValueError, match="unknown preset"):
         preset("trpo")
+    with pytest.raises(ValueError, match="unknown is_level 'turn'.*'token', 'sequence'"):
+        GRPOConfig(is_level="turn")
+    with pytest.raises(ValueError, match="unknown clip 'dual'.*'ppo', 'cispo'"):
+        GRPOConfig(clip="dual")
+    with pytest.raises(ValueError, match="clip_eps must be > 0, got -0.1"):
+        GRPOConfig(clip_eps=-0.1)
+    with pytest.raises(ValueError, match="clip_eps must be > 0, got nan"):
+        GRPOConfig(clip_eps=float("nan"))
+    with pytest.raises(ValueError, match="clip_eps_high must be > 0 or None, got 0.0"):
+        GRPOConfig(clip_eps_high=0.0)
+    with pytest.raises(ValueError, match="unknown estimator 'reinforce\\+\\+'.*'reinforce_pp'"):
+        GRPOConfig(estimator="reinforce++")
+    with pytest.raises(ValueError, match="unknown is_level"):
+        preset("gspo", is_level="seq")  # overrides are checked too
+    GRPOConfig(estimator="reinforce_pp", group_size=1)  # batch-level: no group needed
+    with pytest.raises(ValueError, match="needs group_size >= 2"):
+        GRPOConfig(estimator="lite_ppo", group_size=1)
     with pytest.raises(ValueError, match="needs ref_logps"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
                     GRPOConfig(beta=0.1))
 
 
+def test_presets_matrix():
+    m = grpo.matrix()
+    assert list(m) == ["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo", "reinforce_pp",
+                       "gspo", "cispo"]
+    cols = ("mean_level", "std_level", "leave_one_out", "is_level", "clip", "clip_eps",
+            "clip_eps_high", "loss_agg")
+    want = {  # the papers' choices (grpo.py's docstring says which are inferred)
+        "reinforce": ("batch", "none", False, "token", "ppo", 0.2, None, "seq_mean"),
+        "rloo": ("group", "none", True, "token", "ppo", 0.2, None, "seq_mean"),
+        "grpo": ("group", "group", False, "token", "ppo", 0.2, None, "seq_mean"),
+        "dr_grpo": ("group", "none", False, "token", "ppo", 0.2, None, "const_norm"),
+        "dapo": ("group", "group", False, "token", "ppo", 0.2, 0.28, "token_mean"),
+        "lite_ppo": ("group", "batch", False, "token", "ppo", 0.2, None, "token_mean"),
+        "reinforce_pp": ("batch", "batch", False, "token", "ppo", 0.2, None, "token_mean"),
+        "gspo": ("group", "group", False, "sequence", "ppo", 3e-4, 4e-4, "seq_mean"),
+        "cispo": ("group", "group", False, "token", "cispo", 1.0, 4.0, "token_mean"),
+    }
+    for name, row in m.items():
+        assert tuple(row[c] for c in cols) == want[name], name
+        assert row["dynamic_sampling"] == (name == "dapo") and row["beta"] == 0.0
+    # every row is a preset: its estimator and loss fields are the config's
+    for name, row in m.items():
+        cfg = preset(name)
+        assert all(row[f] == getattr(cfg, f) for f in grpo.MATRIX_FIELDS), name
+    # the existing presets are the configs they were before the matrix (commit bff38d9)
+    assert preset("dapo") == GRPOConfig(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
+                                        dynamic_sampling=True, overlong_buffer=2)
+    assert preset("reinforce", lr=0.5) == GRPOConfig(estimator="batch_mean", lr=0.5)
+
+
+def _old_policy_loss(logps, old_logps, advantages, mask, cfg, ref_logps=None, max_len=None):
+    """``policy_loss`` as it was before the is_level and clip knobs (commit bff38d9), frozen."""
+    adv = advantages[:, None] if advantages.dim() == 1 and logps.dim() == 2 else advantages
+    eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    ratio = torch.exp(logps - old_logps)
+    clipped_ratio = torch.clamp(ratio, 1.0 - cfg.clip_eps, 1.0 + eps_high)
+    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    if cfg.beta != 0.0:
+        per_token = per_token + cfg.beta * core.kl_estimate(logps, ref_logps, cfg.kl_estimator)
+    loss = core.aggregate(per_token, mask, cfg.loss_agg, max_len)
+    with torch.no_grad():
+        adv = adv.expand_as(ratio)
+        low, high = ratio < 1.0 - cfg.clip_eps, ratio > 1.0 + eps_high
+        clipped = (low & (adv < 0)) | (high & (adv > 0))
+        m = mask.to(ratio.dtype)
+        clipfrac = core.masked_mean(clipped.to(ratio.dtype), m).item()
+        approx_kl = core.masked_mean((ratio - 1.0) - (logps - old_logps), m).item()
+    return loss, clipfrac, approx_kl
+
+
+def _bits(x):
+    return x.contiguous().view(torch.int64 if x.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_existing_presets_are_bitwise_unchanged(dtype):
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 5
+    logps = -torch.rand(B, T, generator=g, dtype=dtype)
+    old = logps + 0.6 * torch.randn(B, T, generator=g, dtype=dtype)
+    ref = logps + 0.2 * torch.randn(B, T, generator=g, dtype=dtype)
+    mask = (torch.rand(B, T, generator=g) < 0.7).long()
+    mask[:, 0], mask[-1] = 1, 0  # and one empty row
+    clipfracs = []
+    advs = (torch.randn(B, generator=g, dtype=dtype), torch.randn(B, T, generator=g, dtype=dtype))
+    for adv in advs:
+        for name in ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo"):
+            for beta in (0.0, 0.04):
+                cfg = preset(name, beta=beta)
+                lp_new = logps.clone().requires_grad_(True)
+                lp_old = logps.clone().requires_grad_(True)
+                new, m = policy_loss(lp_new, old, adv, mask, cfg, ref, max_len=7)
+                want, clipfrac, approx_kl = _old_policy_loss(lp_old, old, adv, mask, cfg, ref, 7)
+                (g_new,) = torch.autograd.grad(new, lp_new)
+                (g_old,) = torch.autograd.grad(want, lp_old)
+                assert torch.equal(_bits(new), _bits(want))
+                assert torch.equal(_bits(g_new), _bits(g_old))
+                assert (m["clipfrac"], m["approx_kl"]) == (clipfrac, approx_kl)
+                clipfracs.append(clipfrac)
+    assert len(clipfracs) == 24 and sum(c > 0 for c in clipfracs) >= 20  # the clip is exercised
+
+
 # --- equality with TRL ---------------------------------------------------------------------------
-def trl_loss(loss_type, logps, old_logps, ref_logps, advantages, mask, beta, eps, eps_high, max_len):
+def trl_loss(loss_type, logps, old_logps, ref_logps, advantages, mask, beta, eps, eps_high, max_len,
+             importance_sampling_level="token"):
     """Run TRL's own GRPOTrainer._compute_loss on our tensors (a stand-in object supplies the
     attributes it reads; its log-prob function returns our ``logps``)."""
     from trl import GRPOTrainer
@@ -76,7 +178,8 @@ def trl_loss(loss_type, logps, old_logps, ref_logps, advantages, mask, beta, eps
         reduce = staticmethod(lambda x, reduction="sum": x)
 
     fake = SimpleNamespace(
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level=importance_sampling_level,
         beta=beta, loss_type=loss_type, epsilon_low=eps, epsilon_high=eps_high, use_vllm=False,
         vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1, max_completion_length=max_len, accelerator=Acc(),
@@ -93,11 +196,7 @@ def trl_loss(loss_type, logps, old_logps, ref_logps, advantages, mask, beta, eps
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
-@pytest.mark.parametrize("trl_type,agg", [("grpo", "seq_mean"), ("bnpo", "token_mean"),
-                                          ("dapo", "token_mean"), ("dr_grpo", "const_norm")])
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_loss_equals_trl(trl_type, agg, beta):
-    pytest.importorskip("trl")
+def _trl_inputs(adv_per_token=False):
     g = torch.Generator().manual_seed(1)
     B, T = 6, 5
     logps = -torch.rand(B, T, generator=g, dtype=torch.float64)
@@ -106,10 +205,59 @@ def test_loss_equals_trl(trl_type, agg, beta):
     mask = (torch.rand(B, T, generator=g) < 0.7).long()
     mask[:, 0] = 1
     adv = torch.randn(B, generator=g, dtype=torch.float64)
-    cfg = GRPOConfig(loss_agg=agg, beta=beta, clip_eps=0.2, clip_eps_high=0.28)
+    if adv_per_token:
+        adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    return logps.requires_grad_(True), old, ref, mask, adv
+
+
+def _ours_and_trl(cfg, trl_type, is_level, adv_per_token, trl_eps_high):
+    """(ours, TRL's) losses and their gradients with respect to the same logps."""
+    logps, old, ref, mask, adv = _trl_inputs(adv_per_token)
     ours, _ = policy_loss(logps, old, adv, mask, cfg, ref, max_len=7)
-    theirs = trl_loss(trl_type, logps, old, ref, adv, mask, beta, 0.2, 0.28, 7)
-    assert torch.allclose(ours, theirs, atol=1e-12), (ours.item(), theirs.item())
+    theirs = trl_loss(trl_type, logps, old, ref, adv, mask, cfg.beta, cfg.clip_eps, trl_eps_high, 7,
+                      importance_sampling_level=is_level)
+    (g_ours,), (g_theirs,) = torch.autograd.grad(ours, logps), torch.autograd.grad(theirs, logps)
+    return ours, theirs, g_ours, g_theirs
+
+
+@pytest.mark.parametrize("trl_type,agg", [("grpo", "seq_mean"), ("bnpo", "token_mean"),
+                                          ("dapo", "token_mean"), ("dr_grpo", "const_norm")])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("is_level", ["token", "sequence"])  # sequence: GSPO
+@pytest.mark.parametrize("adv_per_token", [False, True])
+def test_loss_equals_trl(trl_type, agg, beta, is_level, adv_per_token):
+    pytest.importorskip("trl")
+    cfg = GRPOConfig(loss_agg=agg, beta=beta, clip_eps=0.2, clip_eps_high=0.28, is_level=is_level)
+    ours, theirs, g_ours, g_theirs = _ours_and_trl(cfg, trl_type, is_level, adv_per_token, 0.28)
+    assert torch.allclose(ours, theirs, atol=1e-12, rtol=0), (ours.item(), theirs.item())
+    assert torch.allclose(g_ours, g_theirs, atol=1e-12, rtol=0)
+    # control: the other ratio level is a different loss on these inputs (by far more than atol)
+    other = replace(cfg, is_level="token" if is_level == "sequence" else "sequence")
+    logps, old, ref, mask, adv = _trl_inputs(adv_per_token)
+    assert (policy_loss(logps, old, adv, mask, other, ref, max_len=7)[0] - theirs).abs() > 1e-6
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("is_level", ["token", "sequence"])
+@pytest.mark.parametrize("adv_per_token", [False, True])
+def test_cispo_equals_trl(beta, is_level, adv_per_token):
+    """TRL's loss_type='cispo' caps rho at epsilon_high with no lower bound and normalises by the
+    batch's tokens: ours with clip='cispo', token_mean, clip_eps=1 (a lower bound of 0) and
+    clip_eps_high = epsilon_high - 1."""
+    pytest.importorskip("trl")
+    # a tight cap (1.05): the sequence-level ratios of these inputs are near 1
+    cfg = GRPOConfig(loss_agg="token_mean", clip="cispo", beta=beta, clip_eps=1.0,
+                     clip_eps_high=0.05, is_level=is_level)
+    ours, theirs, g_ours, g_theirs = _ours_and_trl(cfg, "cispo", is_level, adv_per_token, 1.05)
+    assert torch.allclose(ours, theirs, atol=1e-12, rtol=0), (ours.item(), theirs.item())
+    assert torch.allclose(g_ours, g_theirs, atol=1e-12, rtol=0)
+    # controls: the cap must bind on these inputs, and a lower bound (which TRL lacks) changes it
+    logps, old, ref, mask, adv = _trl_inputs(adv_per_token)
+    assert policy_loss(logps, old, adv, mask, cfg, ref)[1]["clipfrac"] > 0.1
+    uncapped = replace(cfg, clip_eps_high=10.0)
+    assert (policy_loss(logps, old, adv, mask, uncapped, ref)[0] - theirs).abs() > 1e-6
+    low = replace(cfg, clip_eps=0.2)
+    assert (policy_loss(logps, old, adv, mask, low, ref)[0] - theirs).abs() > 1e-6
 
 
 def test_one_update_changes_parameters_and_dynamic_sampling():

@@ -31,10 +31,14 @@ def test_every_field_is_accounted_for():
 
 
 def random_supported_config(rng: random.Random) -> GRPOConfig:
-    loss_agg = rng.choice(["seq_mean", "token_mean", "const_norm"])
+    cispo = rng.random() < 0.3
+    loss_agg = "token_mean" if cispo else rng.choice(["seq_mean", "token_mean", "const_norm"])
     return GRPOConfig(
         estimator=rng.choice(["grpo", "dr_grpo", "lite_ppo"]), loss_agg=loss_agg,
-        clip_eps=rng.choice([0.1, 0.2, 0.3]), clip_eps_high=rng.choice([None, 0.28]),
+        is_level=rng.choice(["token", "sequence"]), clip="cispo" if cispo else "ppo",
+        # cispo: TRL's epsilon_high is 1 + clip_eps_high; these values make that sum exact
+        clip_eps=rng.choice([1.0, 1.5]) if cispo else rng.choice([0.1, 0.2, 0.3]),
+        clip_eps_high=rng.choice([0.25, 4.0]) if cispo else rng.choice([None, 0.28]),
         beta=rng.choice([0.0, 0.04]), num_prompts=rng.randint(1, 8), group_size=rng.randint(2, 8),
         num_iters=rng.randint(1, 500), num_epochs=rng.randint(1, 4),
         lr=rng.choice([1e-4, 3e-4, 1e-3]), max_new_tokens=rng.randint(1, 32),
@@ -59,6 +63,16 @@ def test_round_trip_and_values():
     assert (args.loss_type, args.scale_rewards) == ("dr_grpo", "none")
     args = trl_adapter.to_trl_config(grpo.preset("lite_ppo"), out)
     assert (args.loss_type, args.scale_rewards) == ("bnpo", "batch")
+    args = trl_adapter.to_trl_config(grpo.preset("gspo"), out)  # TRL's paper index's GSPO values
+    assert (args.importance_sampling_level, args.loss_type, args.epsilon, args.epsilon_high) == \
+        ("sequence", "grpo", 3e-4, 4e-4)
+    args = trl_adapter.to_trl_config(grpo.preset("cispo"), out)
+    assert (args.loss_type, args.epsilon_high, args.importance_sampling_level) == \
+        ("cispo", 5.0, "token")
+    # a sum 1 + clip_eps_high that is not exact comes back within rounding
+    args = trl_adapter.to_trl_config(grpo.preset("cispo", clip_eps_high=0.28), out)
+    back = trl_adapter.from_trl_config(args)
+    assert back.clip == "cispo" and abs(back.clip_eps_high - 0.28) < 1e-15
 
 
 @pytest.mark.parametrize("change,match", [
@@ -68,6 +82,10 @@ def test_round_trip_and_values():
     (dict(dynamic_sampling=True), "dynamic_sampling"),
     (dict(overlong_buffer=2), "overlong_buffer"),
     (dict(overlong_filter=True, loss_agg="seq_mean"), "token_mean"),
+    (dict(estimator="reinforce_pp"), "not a GRPOTrainer option"),
+    (dict(clip="cispo", clip_eps=1.0, clip_eps_high=4.0, loss_agg="seq_mean"), "token_mean"),
+    (dict(clip="cispo", clip_eps=0.2, clip_eps_high=4.0, loss_agg="token_mean"), "clip_eps >= 1"),
+    (dict(clip="cispo", clip_eps=1.0, loss_agg="token_mean"), "clip_eps_high set"),
 ])
 def test_unsupported_settings_raise(change, match):
     with pytest.raises(ValueError, match=match):
@@ -111,18 +129,23 @@ def test_trl_sees_our_prompt_tokens():
     assert [list(x) for x in trl_ids] == ours
 
 
-@pytest.mark.parametrize("loss_agg,estimator,beta", [("seq_mean", "grpo", 0.0),
-                                                     ("token_mean", "lite_ppo", 0.0),
-                                                     ("const_norm", "dr_grpo", 0.04)])
-def test_trl_loss_on_its_batch_equals_ours(loss_agg, estimator, beta):
+@pytest.mark.parametrize("loss_agg,estimator,beta,extra", [
+    ("seq_mean", "grpo", 0.0, {}), ("token_mean", "lite_ppo", 0.0, {}),
+    ("const_norm", "dr_grpo", 0.04, {}),
+    ("seq_mean", "grpo", 0.0, dict(is_level="sequence", clip_eps=3e-4, clip_eps_high=4e-4)),  # GSPO
+    ("token_mean", "grpo", 0.0, dict(clip="cispo", clip_eps=1.0, clip_eps_high=4.0)),  # CISPO
+])
+def test_trl_loss_on_its_batch_equals_ours(loss_agg, estimator, beta, extra):
     """Generate and score one batch with TRL, then compute TRL's loss and gradient and ours
-    (sequence_logps + core.group_advantages + policy_loss) on exactly that batch."""
+    (sequence_logps + core.group_advantages + policy_loss) on exactly that batch. On-policy
+    (rho = 1), so this checks the mapping of is_level and clip; tests/test_grpo.py checks the
+    losses at ratios far from 1."""
     import copy
 
     from agentrl_lib.core import group_advantages
     from agentrl_lib.rollout import sequence_logps
 
-    model, tok, probs, cfg = _tiny_setup(loss_agg=loss_agg, estimator=estimator, beta=beta)
+    model, tok, probs, cfg = _tiny_setup(loss_agg=loss_agg, estimator=estimator, beta=beta, **extra)
     ref = copy.deepcopy(model).eval()
     if beta:
         # a model without a folder cannot be TRL's reference
@@ -146,6 +169,7 @@ def test_trl_loss_on_its_batch_equals_ours(loss_agg, estimator, beta):
     lengths = torch.randint(1, T + 1, (B,), generator=torch.Generator().manual_seed(0))
     lengths[0], lengths[1] = 1, T
     inputs["completion_mask"] = (torch.arange(T)[None] < lengths[:, None]).long()
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()  # cispo's token count
     args = (inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
             inputs["completion_mask"])
 

@@ -1,6 +1,19 @@
 """The critic-free policy-gradient family for language models, single- and multi-turn: REINFORCE,
-RLOO, GRPO, Dr. GRPO, DAPO and Lite-PPO as one loss chosen by config fields, GiGPO's turn-level
-advantages for agents, and the one training loop around them.
+RLOO, GRPO, Dr. GRPO, DAPO, Lite-PPO, REINFORCE++, GSPO and CISPO as one loss chosen by a few
+orthogonal config fields (``matrix()`` shows them as a table), GiGPO's turn-level advantages for
+agents, and the one training loop around them.
+
+The knobs (as AReaL's algorithm configuration matrix):
+- the advantage, ``estimator``: a named point of ``core.ESTIMATORS``, i.e. a mean level (group /
+  batch / none), a std level (group / batch / none) and leave-one-out
+  (``core.normalised_advantages``);
+- the importance ratio, ``is_level``: per token, or one per sequence (GSPO);
+- the clip, ``clip``: 'ppo' (the clipped surrogate, zero gradient outside [1 - clip_eps,
+  1 + clip_eps_high]) or 'cispo' (the detached weight is capped to that range, every token keeps
+  its gradient), with ``clip_eps`` and ``clip_eps_high`` (clip-higher);
+- the aggregation, ``loss_agg``; and DAPO's ``dynamic_sampling`` and overlong shaping.
+With ``num_epochs=1`` the batch is trained on at the policy that sampled it (rho = 1), where GSPO's
+gradient equals GRPO's and CISPO's equals the token-mean PPO one: those knobs act off-policy only.
 
 The loop (``train``, on top of ``loop``) is fed by a *sampling function* ``sample(model) -> Batch``:
 - ``completion_sampler``: single-turn RLVR, ``num_prompts`` problems x ``group_size`` completions,
@@ -12,7 +25,7 @@ per-token (multi-turn: ``credit`` turn advantages spread over each action's toke
 and ``update`` takes ``num_epochs`` clipped steps on them. ``ppo_lm.train`` reuses the same
 sampling functions and ``loop`` with its critic's update.
 
-Papers (each field says where it comes from):
+Papers (each preset's values, ``PRESETS``, say where they come from):
 - GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300 (group mean/std advantage, per-sequence
   token mean, k3 KL to a reference).
 - RLOO: Ahmadian et al. 2024, arXiv:2402.14740 (leave-one-out baseline).
@@ -23,12 +36,30 @@ Papers (each field says where it comes from):
 - Lite-PPO: Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
   arXiv:2508.08221 (group-mean advantage with batch-level std, token-level aggregation, the plain
   PPO clipped loss).
+- REINFORCE++: Hu 2025, arXiv:2501.03262 (no critic; the advantage normalised over the whole
+  batch, mean and std; PPO's clip at 0.2). Inferred or simplified here: the batch statistics are
+  over sequences (OpenRLHF whitens per token, so longer completions weigh more, with ddof=0 and
+  eps inside the sqrt); the loss is the token mean (OpenRLHF's default); its KL penalty sits in
+  the per-token reward (k1, coefficient 0.01 in OpenRLHF), which this library does not do: the
+  preset has ``beta=0`` and ``beta`` adds a KL term to the loss instead. Its "REINFORCE++-baseline"
+  (group mean, then batch whitening) is close to, not equal to, Lite-PPO's advantage.
+- GSPO: Zheng et al. 2025, arXiv:2507.18071 (sequence-level ratio s_i = exp(mean_t log rho_t),
+  clipped with eps = 3e-4, eps_high = 4e-4 (paper v2, sec. 5.1, as quoted by TRL's paper index),
+  group-normalised advantages, per-sequence mean, no KL).
+- CISPO: MiniMax 2025, "MiniMax-M1", arXiv:2506.13585 (the IS weight clipped and detached,
+  group-normalised advantages, token-level mean over the batch; no lower bound on the weight: the
+  paper sets eps_low "to a large value", here clip_eps = 1, a bound of 0). The paper gives no
+  eps_high: 4.0 (a cap of 5) is ScaleRL's eps_max (Khatri et al. 2025, arXiv:2510.13786), the
+  value TRL's docs recommend for ``loss_type="cispo"``.
 - GiGPO: Feng et al. 2025, arXiv:2505.10978 (episode advantage + omega x anchor-state step
   advantage, gamma = 0.95, omega = 1; ``credit.gigpo_advantages``).
 
 Aggregation names follow TRL's GRPOTrainer ``loss_type`` (1.16): ``seq_mean`` is TRL's "grpo",
 ``token_mean`` is "bnpo" (and "dapo" for a single process), ``const_norm`` is "dr_grpo".
-``tests/test_grpo.py`` checks the loss against TRL's ``_compute_loss`` on the same inputs.
+TRL 1.16's ``importance_sampling_level`` is ``is_level``; its ``loss_type="cispo"`` is
+``clip='cispo'`` with ``loss_agg='token_mean'``, ``clip_eps >= 1`` (no lower bound) and TRL's
+``epsilon_high`` = 1 + ``clip_eps_high`` (TRL's cap is on rho itself). ``tests/test_grpo.py``
+checks the loss and its gradient against TRL's ``_compute_loss`` on the same inputs for each.
 
 Logged rows (one per update; ``iter`` counts updates): ``eval/*`` (the ``evaluate`` callback's
 dict, every ``eval_every`` updates and after the last), ``rollout/*`` (reward, completion_len,
@@ -60,17 +91,25 @@ TURN_ESTIMATORS = ("grpo", "gigpo")
 class GRPOConfig:
     estimator: str = "grpo"
     """the advantage: single-turn one of ``core.ESTIMATORS`` ('reinforce', 'batch_mean', 'rloo',
-    'grpo', 'dr_grpo', 'lite_ppo'); multi-turn 'grpo' (the episode return normalised in its group,
+    'grpo', 'dr_grpo', 'lite_ppo', 'reinforce_pp'); multi-turn 'grpo' (the episode return
+    normalised in its group,
     on every turn) or 'gigpo' (plus omega x the anchor-state step advantage)"""
     std_ddof: int = 1
-    """ddof of the std in 'grpo' and 'lite_ppo' (1 as torch.std and TRL)"""
+    """ddof of the std in 'grpo', 'lite_ppo' and 'reinforce_pp' (1 as torch.std and TRL)"""
     loss_agg: str = "seq_mean"
     """'seq_mean' (mean over each sequence's tokens, then over sequences: GRPO), 'token_mean' (mean
     over every token of the batch: DAPO, Lite-PPO), 'const_norm' (sum / (B * max_new_tokens): Dr. GRPO)"""
     clip_eps: float = 0.2
-    """PPO clip range (lower side; also the upper side unless clip_eps_high is set)"""
+    """clip range, lower side: rho is clipped to [1 - clip_eps, 1 + clip_eps_high] (also the upper
+    side unless clip_eps_high is set); 1 or more leaves the weight without a lower bound"""
     clip_eps_high: float | None = None
     """upper clip (DAPO's clip-higher: 0.28)"""
+    is_level: str = "token"
+    """the importance ratio: 'token' (rho_t per token: PPO, GRPO) or 'sequence' (GSPO: one ratio per
+    sequence, exp of the mean of its tokens' log-ratios, clipped as a whole)"""
+    clip: str = "ppo"
+    """'ppo' (-min(rho A, clip(rho) A): no gradient where the clip is active) or 'cispo'
+    (-sg(clip(rho)) A log pi: the weight is capped and detached, every token keeps its gradient)"""
     beta: float = 0.0
     """weight of the KL penalty to the reference (initial) policy; 0 skips the reference model"""
     kl_estimator: str = "k3"
@@ -110,33 +149,68 @@ class GRPOConfig:
     """seeds the prompt draws and the sampling"""
 
     def __post_init__(self):
-        if self.estimator not in core.ESTIMATORS + ("gigpo",):
+        if self.estimator not in tuple(core.ESTIMATORS) + ("gigpo",):
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of "
-                             f"{core.ESTIMATORS} (single-turn) or {TURN_ESTIMATORS} (multi-turn)")
+                             f"{tuple(core.ESTIMATORS)} (single-turn) or {TURN_ESTIMATORS} "
+                             "(multi-turn)")
         if self.loss_agg not in core.AGGREGATIONS:
             raise ValueError(f"unknown loss_agg {self.loss_agg!r}; choose one of {core.AGGREGATIONS}")
-        if self.group_size < 2 and self.estimator in ("rloo", "grpo", "dr_grpo", "lite_ppo", "gigpo"):
+        if self.is_level not in core.IS_LEVELS:
+            raise ValueError(f"unknown is_level {self.is_level!r}; choose one of {core.IS_LEVELS}")
+        if self.clip not in core.CLIPS:
+            raise ValueError(f"unknown clip {self.clip!r}; choose one of {core.CLIPS}")
+        if not self.clip_eps > 0:
+            raise ValueError(f"clip_eps must be > 0, got {self.clip_eps!r}")
+        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+            raise ValueError(f"clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
+        knobs = core.ESTIMATORS.get(self.estimator, {})
+        if self.group_size < 2 and (self.estimator == "gigpo" or "group" in knobs.values()):
             raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
+
+
+# The named methods as config values; every value that is not a GRPOConfig default is the paper's
+# (module docstring; DAPO's overlong_buffer is scaled down to the tiny LM's completion lengths).
+PRESETS = {
+    "reinforce": dict(estimator="batch_mean", loss_agg="seq_mean"),
+    "rloo": dict(estimator="rloo", loss_agg="seq_mean"),
+    "grpo": dict(estimator="grpo", loss_agg="seq_mean"),
+    "dr_grpo": dict(estimator="dr_grpo", loss_agg="const_norm"),
+    "dapo": dict(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
+                 dynamic_sampling=True, overlong_buffer=2),
+    "lite_ppo": dict(estimator="lite_ppo", loss_agg="token_mean"),
+    "reinforce_pp": dict(estimator="reinforce_pp", loss_agg="token_mean"),  # OpenRLHF's token mean
+    "gspo": dict(estimator="grpo", loss_agg="seq_mean", is_level="sequence", clip_eps=3e-4,
+                 clip_eps_high=4e-4),  # GSPO v2, sec. 5.1
+    "cispo": dict(estimator="grpo", loss_agg="token_mean", clip="cispo", clip_eps=1.0,
+                  clip_eps_high=4.0),  # no lower bound (MiniMax-M1); cap 5 (ScaleRL, inferred)
+}
+# The columns of ``matrix()``: the fields that tell the presets apart.
+MATRIX_FIELDS = ("estimator", "is_level", "clip", "clip_eps", "clip_eps_high", "loss_agg",
+                 "dynamic_sampling", "overlong_buffer", "beta")
 
 
 def preset(name: str, **overrides) -> GRPOConfig:
     """The named methods as config values (each paper's choices, see the module docstring)."""
-    if name == "reinforce":
-        cfg = GRPOConfig(estimator="batch_mean", loss_agg="seq_mean")
-    elif name == "rloo":
-        cfg = GRPOConfig(estimator="rloo", loss_agg="seq_mean")
-    elif name == "grpo":
-        cfg = GRPOConfig(estimator="grpo", loss_agg="seq_mean")
-    elif name == "dr_grpo":
-        cfg = GRPOConfig(estimator="dr_grpo", loss_agg="const_norm")
-    elif name == "dapo":
-        cfg = GRPOConfig(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
-                         dynamic_sampling=True, overlong_buffer=2)
-    elif name == "lite_ppo":
-        cfg = GRPOConfig(estimator="lite_ppo", loss_agg="token_mean")
-    else:
-        raise ValueError(f"unknown preset {name!r}; choose reinforce, rloo, grpo, dr_grpo, dapo, lite_ppo")
-    return replace(cfg, **overrides)
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {tuple(PRESETS)}")
+    return replace(GRPOConfig(**PRESETS[name]), **overrides)
+
+
+def matrix() -> dict[str, dict]:
+    """The presets as a table, variant -> knobs: the advantage's ``mean_level``, ``std_level`` and
+    ``leave_one_out`` (``core.ESTIMATORS``) after its ``estimator``, then the loss's fields
+    (``MATRIX_FIELDS``). ``pandas.DataFrame(matrix()).T`` shows one row per variant.
+
+    >>> row = matrix()["gspo"]
+    >>> row["mean_level"], row["std_level"], row["is_level"], row["clip_eps"]
+    ('group', 'group', 'sequence', 0.0003)
+    """
+    rows = {}
+    for name in PRESETS:
+        cfg = preset(name)
+        knobs = {f: getattr(cfg, f) for f in MATRIX_FIELDS}
+        rows[name] = {"estimator": cfg.estimator, **core.ESTIMATORS[cfg.estimator], **knobs}
+    return rows
 
 
 # --- pure pieces ---------------------------------------------------------------------------------
@@ -156,15 +230,17 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
 def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
                 cfg: GRPOConfig, ref_logps: Tensor | None = None,
                 max_len: int | None = None) -> tuple[Tensor, dict]:
-    """The clipped surrogate with the chosen aggregation, plus beta * KL.
+    """The clipped loss with the chosen ratio, clip and aggregation, plus beta * KL.
 
     logps, old_logps, mask: (B, T); advantages: (B,) one per sequence or (B, T) per token.
-    per-token loss l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + beta * KL_t,
-    aggregated by ``core.aggregate`` (const_norm divides by B * max_len, default T).
+    per-token loss l_t = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) + beta * KL_t ('ppo'), or
+    -sg(clip(rho, 1 - eps, 1 + eps_high)) A log pi_t + beta * KL_t ('cispo'), with rho = rho_t or
+    the sequence's s_i (``cfg.is_level``, ``core.clipped_token_loss``), aggregated by
+    ``core.aggregate`` (const_norm divides by B * max_len, default T).
     Returns (loss, {clipfrac, approx_kl[, kl]}).
     """
     per_token = core.clipped_token_loss(logps, old_logps, advantages, cfg.clip_eps,
-                                        cfg.clip_eps_high)  # (B, T)
+                                        cfg.clip_eps_high, mask, cfg.is_level, cfg.clip)  # (B, T)
     kl = None
     if cfg.beta != 0.0:
         if ref_logps is None:
@@ -172,7 +248,8 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
         kl = core.kl_estimate(logps, ref_logps, cfg.kl_estimator)  # (B, T)
         per_token = per_token + cfg.beta * kl
     loss = core.aggregate(per_token, mask, cfg.loss_agg, max_len)
-    metrics = core.clip_stats(logps, old_logps, advantages, mask, cfg.clip_eps, cfg.clip_eps_high)
+    metrics = core.clip_stats(logps, old_logps, advantages, mask, cfg.clip_eps, cfg.clip_eps_high,
+                              cfg.is_level, cfg.clip)
     if kl is not None:
         with torch.no_grad():
             metrics["kl"] = core.masked_mean(kl, mask).item()

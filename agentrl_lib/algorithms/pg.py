@@ -47,8 +47,8 @@ from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 # the estimators of eq. (1) analysed here (``core.group_advantages`` computes them all; Lite-PPO's
-# batch std is left to the LM notebooks)
-ESTIMATORS = tuple(e for e in ALL_ESTIMATORS if e != "lite_ppo")
+# and REINFORCE++'s batch std are left to the LM notebooks)
+ESTIMATORS = tuple(e for e in ALL_ESTIMATORS if e not in ("lite_ppo", "reinforce_pp"))
 
 
 def pg_surrogate_loss(

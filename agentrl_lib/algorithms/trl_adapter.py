@@ -13,14 +13,19 @@ What TRL does not have raises ``ValueError`` naming the field (see ``TRL_FIXED``
 ``UNSUPPORTED_ADVANTAGES``); nothing is silently dropped:
 - std with ddof=1 and the k3 KL estimator are the only choices TRL implements;
 - dynamic sampling and DAPO's soft overlong punishment are not GRPOTrainer options;
-- the 'reinforce', 'batch_mean' and 'rloo' estimators belong to other trainers, and GiGPO's
-  turn-level one ('gigpo', with ``gamma`` and ``omega``) to none;
+- the 'reinforce', 'batch_mean', 'rloo' and 'reinforce_pp' estimators belong to other trainers,
+  and GiGPO's turn-level one ('gigpo', with ``gamma`` and ``omega``) to none;
+- ``clip='cispo'`` is TRL's ``loss_type="cispo"``, which aggregates as 'token_mean' and has no
+  lower bound (so ``clip_eps >= 1``); TRL caps rho itself, so its ``epsilon_high`` is
+  1 + ``clip_eps_high`` (the round trip is exact where that sum is; ``clip_eps_high=None`` means
+  1 + ``clip_eps``, which TRL cannot express as None);
 - ``overlong_filter`` maps to ``mask_truncated_completions`` only with ``loss_agg='token_mean'``:
   TRL zeroes the mask of a truncated row but keeps the row in the batch, so 'seq_mean' and
   'const_norm' would divide by a different count than our loop, which drops the row.
 
 Aggregation names: ``seq_mean`` = TRL "grpo", ``token_mean`` = "bnpo" (equal to "dapo" with one
-process and no gradient accumulation), ``const_norm`` = "dr_grpo" (checked in tests/test_grpo.py).
+process and no gradient accumulation), ``const_norm`` = "dr_grpo" (checked in tests/test_grpo.py);
+``is_level`` is ``importance_sampling_level``.
 
 **Multi-turn** (``make_env_trainer``): TRL builds one environment per rollout through
 ``environment_factory`` (``envs.tool_env``: the tool ``move(direction)`` is one step of our
@@ -55,13 +60,14 @@ from agentrl_lib.rollout import messages_example, play_episodes
 
 LOSS_TYPES = {"seq_mean": "grpo", "token_mean": "bnpo", "const_norm": "dr_grpo"}
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "lite_ppo": "batch"}
-UNSUPPORTED_ESTIMATORS = ("reinforce", "batch_mean", "rloo", "gigpo")
+UNSUPPORTED_ESTIMATORS = ("reinforce", "batch_mean", "rloo", "reinforce_pp", "gigpo")
 # Our fields whose value TRL's GRPOTrainer fixes: a config must hold exactly this value.
 TRL_FIXED = {"std_ddof": 1, "kl_estimator": "k3", "dynamic_sampling": False, "overlong_buffer": 0,
              "overlong_penalty": 1.0, "gamma": 0.95, "omega": 1.0}
 # Our fields with a TRL counterpart (ours -> TRL's GRPOConfig / TrainingArguments).
 MAPPED = {"estimator": "scale_rewards", "loss_agg": "loss_type", "clip_eps": "epsilon",
           "clip_eps_high": "epsilon_high", "beta": "beta",
+          "is_level": "importance_sampling_level", "clip": "loss_type",
           "num_prompts": "per_device_train_batch_size",
           "group_size": "num_generations", "num_iters": "max_steps",
           "num_epochs": "num_iterations", "lr": "learning_rate",
@@ -85,6 +91,11 @@ def check_supported(cfg: GRPOConfig) -> None:
     if cfg.overlong_filter and cfg.loss_agg != "token_mean":
         raise ValueError("overlong_filter maps to TRL's mask_truncated_completions only with "
                          "loss_agg='token_mean' (TRL keeps masked rows in the per-sequence mean)")
+    if cfg.clip == "cispo" and (cfg.loss_agg != "token_mean" or cfg.clip_eps < 1.0
+                                or cfg.clip_eps_high is None):
+        raise ValueError("clip='cispo' maps to TRL's loss_type='cispo' only with "
+                         "loss_agg='token_mean', clip_eps >= 1 (TRL has no lower bound) and "
+                         "clip_eps_high set (TRL's epsilon_high = 1 + clip_eps_high)")
 
 
 def to_trl_config(cfg: GRPOConfig, output_dir: str, device: str = "cpu", **overrides):
@@ -105,8 +116,10 @@ def to_trl_config(cfg: GRPOConfig, output_dir: str, device: str = "cpu", **overr
         num_iterations=cfg.num_epochs,
         per_device_train_batch_size=cfg.num_prompts * cfg.group_size, gradient_accumulation_steps=1,
         steps_per_generation=1, num_generations=cfg.group_size,
-        loss_type=LOSS_TYPES[cfg.loss_agg], scale_rewards=SCALE_REWARDS[cfg.estimator],
-        epsilon=cfg.clip_eps, epsilon_high=cfg.clip_eps_high, beta=cfg.beta,
+        scale_rewards=SCALE_REWARDS[cfg.estimator], beta=cfg.beta,
+        importance_sampling_level=cfg.is_level, epsilon=cfg.clip_eps,
+        **({"loss_type": "cispo", "epsilon_high": 1.0 + cfg.clip_eps_high} if cfg.clip == "cispo"
+           else {"loss_type": LOSS_TYPES[cfg.loss_agg], "epsilon_high": cfg.clip_eps_high}),
         mask_truncated_completions=cfg.overlong_filter,
         # sampling: plain temperature sampling, as rollout.generate
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, top_k=0,
@@ -129,10 +142,12 @@ def from_trl_config(args, eval_every: int = GRPOConfig.eval_every,
     if args.per_device_train_batch_size % args.num_generations:
         raise ValueError("per_device_train_batch_size must be a multiple of num_generations")
     estimator = {v: k for k, v in SCALE_REWARDS.items()}[args.scale_rewards]
-    loss_agg = {v: k for k, v in LOSS_TYPES.items()}[args.loss_type]
+    cispo = args.loss_type == "cispo"
+    loss_agg = "token_mean" if cispo else {v: k for k, v in LOSS_TYPES.items()}[args.loss_type]
     return GRPOConfig(
         estimator=estimator, loss_agg=loss_agg, clip_eps=args.epsilon,
-        clip_eps_high=args.epsilon_high, beta=args.beta,
+        clip_eps_high=args.epsilon_high - 1.0 if cispo else args.epsilon_high, beta=args.beta,
+        is_level=args.importance_sampling_level, clip="cispo" if cispo else "ppo",
         num_prompts=args.per_device_train_batch_size // args.num_generations,
         group_size=args.num_generations, num_iters=args.max_steps,
         num_epochs=args.num_iterations, lr=args.learning_rate,
