@@ -7,7 +7,7 @@ import torch
 
 from agentrl_lib.algorithms.grpo import GRPOConfig, preset
 from agentrl_lib.analysis import ablation
-from agentrl_lib.analysis.ablation import ArmRun, mean_se, trick_arms, trick_effects
+from agentrl_lib.analysis.ablation import CONTROL, ArmRun, mean_se, trick_arms, trick_effects
 
 
 def test_arms_switch_one_field_from_grpo():
@@ -25,7 +25,11 @@ def test_arms_switch_one_field_from_grpo():
     assert arms["Lite-PPO"] == preset("lite_ppo", lr=3e-4, num_iters=7)
     assert arms["DAPO"] == preset("dapo", lr=3e-4, num_iters=7)
     assert arms["REINFORCE"].estimator == "batch_mean"
-    assert all(a.lr == 3e-4 and a.num_iters == 7 for a in arms.values())
+    for name, preset_name in (("REINFORCE++", "reinforce_pp"), ("GSPO", "gspo"), ("CISPO", "cispo")):
+        assert arms[name] == preset(preset_name, lr=3e-4, num_iters=7)
+    control = arms[CONTROL]
+    assert control.lr == 0.0 and [k for k in fields if getattr(control, k) != getattr(base, k)] == ["lr"]
+    assert all(a.lr == 3e-4 and a.num_iters == 7 for n, a in arms.items() if n != CONTROL)
     assert trick_arms(clip_eps_high=0.3)["DAPO"].clip_eps_high == 0.3
 
 

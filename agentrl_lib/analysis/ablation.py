@@ -25,8 +25,14 @@ from agentrl_lib.algorithms.grpo import GRPOConfig, completion_sampler, evaluate
 GRPO_BASE = "GRPO"
 
 
+CONTROL = "lr = 0 (control)"
+
+
 def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
     """The arms of the grid, in display order; ``shared`` (lr, num_iters, ...) goes into every one.
+    After the tricks and the named methods come the matrix's other presets (``grpo.PRESETS``:
+    REINFORCE++, GSPO, CISPO) and ``CONTROL``, GRPO at lr = 0, which must fail every "matches"
+    claim.
 
     One trick at a time is switched on top of GRPO (group mean/std advantage, sequence-mean loss).
     ``clip_eps_high`` = 0.28 is DAPO's value (Yu et al. 2025), also the default of the library preset.
@@ -48,6 +54,10 @@ def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
         "GRPO + overlong filter": replace(grpo, overlong_filter=True),
         "Lite-PPO": preset("lite_ppo", **shared),
         "DAPO": preset("dapo", **{"clip_eps_high": clip_eps_high, **shared}),
+        "REINFORCE++": preset("reinforce_pp", **shared),
+        "GSPO": preset("gspo", **shared),
+        "CISPO": preset("cispo", **shared),
+        CONTROL: replace(grpo, lr=0.0),  # a trainer that does nothing: the negative control
     }
 
 
