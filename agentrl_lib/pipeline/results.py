@@ -27,12 +27,18 @@ from agentrl_lib.pipeline.paths import current_run_dir
 
 _START = time.time()
 DIRECTIONS = (">", "<", ">=", "<=", "~")
+KINDS = ("paper", "sanity", "theorem", "design")
+"""paper: the paper's claim against its baseline (the only kind counted as a paper reproducing);
+sanity: plumbing or equality checks; theorem: true by mathematics; design: true by construction"""
 
 
 @dataclass
 class Claim:
     """One checkable statement. ``holds`` is computed by ``claim``; ``asserted=False`` marks a
-    claim the notebook reports but does not expect to reproduce at this scale (said in prose)."""
+    claim the notebook reports but does not expect to reproduce at this scale (said in prose).
+    ``control``: the same metric of a negative-control arm (lr = 0, shuffled rewards, ...) that
+    must fail the claim's rule; ``control_fails`` records whether it did (None: no control). A
+    claim whose control passes too holds but is no evidence (``evidence``)."""
 
     id: str
     statement: str
@@ -45,23 +51,52 @@ class Claim:
     holds: bool
     asserted: bool = True
     source: str | None = None  # where in the paper paper_value comes from ("abstract", "Table 2")
+    kind: str = "paper"
+    """one of ``KINDS``"""
+    post_hoc: bool = False
+    """the margin or bar was set (or changed) after seeing results of the runs that judge it"""
+    control: float | None = None
+    control_fails: bool | None = None
+
+    @property
+    def evidence(self) -> bool:
+        """Holds, and its negative control (if any) fails the same rule."""
+        return self.holds and self.control_fails is not False
 
 
 def claim(id: str, statement: str, metric: str, ours: float, baseline: float | None,
           direction: str = ">", margin: float = 0.0, paper_value=None,
-          asserted: bool = True, source: str | None = None) -> Claim:
-    """Build a claim and decide it.
+          asserted: bool = True, source: str | None = None, *, kind: str,
+          post_hoc: bool = False, control: float | None = None) -> Claim:
+    """Build a claim and decide it. ``kind`` is required (one of ``KINDS``); ``control`` is the
+    metric of a negative-control arm, judged by the same rule against the same baseline (it
+    should fail: then ``control_fails`` is True).
 
     direction: '>' ours > baseline + margin; '<' ours < baseline - margin; '>=' ours >= baseline
     (a bar to reach; margin unused); '<=' ours <= baseline; '~' |ours - baseline| <= margin.
 
-    >>> claim("c", "beats", "acc", 0.9, 0.5, ">", margin=0.1).holds
+    >>> claim("c", "beats", "acc", 0.9, 0.5, ">", margin=0.1, kind="paper").holds
     True
-    >>> claim("c", "similar", "acc", 0.62, 0.5, "~", margin=0.1).holds
+    >>> claim("c", "similar", "acc", 0.62, 0.5, "~", margin=0.1, kind="paper").holds
     False
+    >>> c = claim("c", "agrees", "acc", 0.52, 0.5, "~", margin=0.1, kind="paper", control=0.45)
+    >>> c.holds, c.control_fails, c.evidence
+    (True, False, False)
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown claim kind {kind!r}; expected one of {KINDS}")
+    holds = _rule(float(ours), baseline, direction, margin)
+    control_fails = None if control is None else not _rule(float(control), baseline, direction,
+                                                           margin)
+    return Claim(id, statement, metric, float(ours), None if baseline is None else float(baseline),
+                 direction, float(margin), paper_value, holds, asserted, source, kind,
+                 bool(post_hoc), None if control is None else float(control), control_fails)
+
+
+def _rule(ours: float, baseline: float | None, direction: str, margin: float) -> bool:
+    """The claim's rule: ours against baseline by direction and margin (False on a missing value)."""
     ours = float(ours)
     b = None if baseline is None else float(baseline)
     if b is None or math.isnan(ours) or math.isnan(b):
@@ -76,8 +111,7 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
         holds = ours <= b
     else:
         holds = abs(ours - b) <= margin
-    return Claim(id, statement, metric, ours, b, direction, float(margin), paper_value,
-                 bool(holds), asserted, source)
+    return bool(holds)
 
 
 def save_figure(fig, name: str, notebook: str, seed: int) -> Path:
