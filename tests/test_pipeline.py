@@ -26,7 +26,8 @@ time.sleep(sleep_s)
 total = sum(range(steps)) * lr
 if fail_at == steps:
     raise RuntimeError("boom at the work cell")
-claims = [claim("positive", "total is positive", "total", total, 0.0, ">")]
+claims = [claim("positive", "total is positive", "total", total, 0.0, ">",
+                kind="sanity")]
 write_results("00_toy", dict(seed=seed, profile=profile, lr=lr, steps=steps), {"total": total}, claims)
 assert_claims(claims)
 '''
@@ -129,16 +130,19 @@ def test_find_notebook(tmp_path):
 
 
 def test_claim_directions():
-    assert claim("a", "", "m", 1.0, 0.5, ">", margin=0.4).holds
-    assert not claim("a", "", "m", 1.0, 0.5, ">", margin=0.6).holds
-    assert claim("a", "", "m", 0.1, 0.5, "<").holds
-    assert claim("a", "", "m", 475.0, 475.0, ">=").holds
-    assert not claim("a", "", "m", float("nan"), 1.0, "<=").holds
-    assert claim("a", "", "m", 0.55, 0.5, "~", margin=0.1).holds
+    k = {"kind": "sanity"}
+    assert claim("a", "", "m", 1.0, 0.5, ">", margin=0.4, **k).holds
+    assert not claim("a", "", "m", 1.0, 0.5, ">", margin=0.6, **k).holds
+    assert claim("a", "", "m", 0.1, 0.5, "<", **k).holds
+    assert claim("a", "", "m", 475.0, 475.0, ">=", **k).holds
+    assert not claim("a", "", "m", float("nan"), 1.0, "<=", **k).holds
+    assert claim("a", "", "m", 0.55, 0.5, "~", margin=0.1, **k).holds
     with pytest.raises(ValueError, match="unknown direction"):
-        claim("a", "", "m", 1, 1, "!=")
-    failing = [claim("ok", "", "m", 1, 0, ">"), claim("bad", "s", "m", 0, 1, ">"),
-               claim("skip", "", "m", 0, 1, ">", asserted=False)]
+        claim("a", "", "m", 1, 1, "!=", **k)
+    with pytest.raises(ValueError, match="unknown claim kind"):
+        claim("a", "", "m", 1, 1, ">", kind="hunch")
+    failing = [claim("ok", "", "m", 1, 0, ">", **k), claim("bad", "s", "m", 0, 1, ">", **k),
+               claim("skip", "", "m", 0, 1, ">", asserted=False, **k)]
     with pytest.raises(AssertionError, match="bad: s") as e:
         assert_claims(failing)
     assert "skip" not in str(e.value)
@@ -147,7 +151,7 @@ def test_claim_directions():
 def test_write_results_is_complete_and_atomic(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTRL_RUN_DIR", str(tmp_path / "r"))
     path = write_results("nb", {"seed": 4, "profile": "cpu"}, {"m": 1.0, "curve": [3, 2.5]},
-                         [claim("c", "s", "m", 1, 0, ">", paper_value=3)])
+                         [claim("c", "s", "m", 1, 0, ">", paper_value=3, kind="paper")])
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"series": "curve", "index": 0, "value": 3},
                     {"series": "curve", "index": 1, "value": 2.5}, {"final": {"m": 1.0}}]

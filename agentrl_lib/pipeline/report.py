@@ -8,7 +8,21 @@ paper's number and where in the paper it comes from, and three verdicts:
 - on the seed mean: the claim's own rule applied to the means;
 - with confidence: the IQM of the paired difference ours - baseline and its 95% bootstrap CI
   (``stats.ordering_verdict``), 'yes' when the whole interval clears the margin.
-Runs that failed before writing a result are listed too.
+
+Each row shows the claim's ``kind`` (results.json files written before kinds existed read as
+'unknown', and the report says so); only ``paper`` claims count when the report says how many of a
+paper's claims reproduce. A ``post_hoc`` claim (its margin set after seeing results) is marked. A
+claim with a negative control shows the control's value and whether it failed the claim's rule.
+A claim that holds in every seed is reported as 'not evidence' instead of 'holds' when its control
+passes too in some seed, or when it needs a control and has none: every agreement claim ('~') and
+every non-inferiority ``paper`` claim ('>' or '<' with a negative margin, the encoding
+``results.claim`` asks for). A paper claim counts as reproduced when it holds in every seed and is
+evidence.
+
+Learning curves (``results.learning_curve`` under ``metrics["curve/<name>"]``) are summarised per
+notebook: start, peak (where it differs from final) and final, mean +- std over runs and seeds, and
+the runs that collapsed (``results.curve_summary``). Runs that failed before writing a result are
+listed too.
 """
 
 from __future__ import annotations
@@ -63,6 +77,52 @@ def family_of(result: dict) -> str:
     return result.get("family") or FAMILIES.get(str(result.get("notebook", "?"))[:1], "other")
 
 
+UNKNOWN_KIND = "unknown"
+"""The kind of a claim read from a results.json written before claims had kinds."""
+
+
+def needs_control(c: dict) -> bool:
+    """Agreement ('~') claims, and non-inferiority paper claims (a negative margin on '>' or '<'),
+    pass for an arm that does nothing different; only a failing negative control makes them
+    evidence."""
+    if c.get("direction") == "~":
+        return True
+    return (c.get("kind") == "paper" and c.get("direction") in (">", "<")
+            and (c.get("margin") or 0.0) < 0)
+
+
+def _control_cell(claims: list[dict]) -> tuple[str, str]:
+    """(control value across seeds, whether it failed the claim's rule) for one row."""
+    fails = [c.get("control_fails") for c in claims]
+    if all(f is None for f in fails):
+        return "—", "no control"
+    value = _fmt([c.get("control") for c in claims])
+    n = len(fails)
+    passed = sum(f is False for f in fails)
+    missing = sum(f is None for f in fails)
+    if passed == 0 and missing == 0:
+        return value, "control fails (every seed)"
+    parts = []
+    if passed:
+        parts.append(f"control passes too in {passed}/{n} seeds")
+    if missing:
+        parts.append(f"no control in {missing}/{n} seeds")
+    return value, "; ".join(parts)
+
+
+def _evidence_verdict(verdict: str, claims: list[dict]) -> tuple[str, str]:
+    """(verdict, why) where a claim that holds in every seed is no evidence: its control passed
+    in some seed, or it needs a control (``needs_control``) and lacks one in some seed."""
+    if verdict != "holds":
+        return verdict, ""
+    if any(c.get("control_fails") is False for c in claims):
+        return "not evidence", "holds, but its negative control passes too"
+    if any(needs_control(c) and c.get("control_fails") is None for c in claims):
+        return "not evidence", ("holds, but an agreement or non-inferiority claim without a "
+                                "negative control proves nothing")
+    return verdict, ""
+
+
 def _confidence(claims: list[dict]) -> dict:
     from agentrl_lib.pipeline.stats import ordering_verdict
 
@@ -78,6 +138,8 @@ def _confidence(claims: list[dict]) -> dict:
 
 def summarise(results: list[dict]) -> list[dict]:
     """One row per (notebook, profile, grid point, claim) with the numbers across seeds."""
+    from agentrl_lib.pipeline.results import _rule
+
     groups: dict[tuple, list] = defaultdict(list)
     meta = {}
     for r in results:
@@ -96,28 +158,32 @@ def summarise(results: list[dict]) -> list[dict]:
         n = len(claims)
         verdict = "holds" if n_hold == n else ("does not hold" if n_hold == 0 else
                                                f"mixed {n_hold}/{n}")
+        verdict, why = _evidence_verdict(verdict, claims)
         first = claims[0]
         paper = meta[nb].get("paper") or {}
         # the claim's own direction and margin applied to the means over seeds (a bar stated on
         # the mean of seeds, such as CartPole's 475, is judged here rather than seed by seed)
-        from agentrl_lib.pipeline.results import claim as _claim
-
         ours_vals = [c["ours"] for c in claims if c["ours"] is not None]
         base_vals = [c["baseline"] for c in claims if c["baseline"] is not None]
         on_mean = None
         if ours_vals and base_vals:
-            on_mean = _claim(cid, "", "", float(np.mean(ours_vals)), float(np.mean(base_vals)),
-                             first.get("direction", ">"), first.get("margin", 0.0)).holds
+            on_mean = _rule(float(np.mean(ours_vals)), float(np.mean(base_vals)),
+                            first.get("direction", ">"), first.get("margin", 0.0))
+        control, control_verdict = _control_cell(claims)
         rows.append({
             "family": family_of(meta[nb]), "point": point,
             "notebook": nb, "title": meta[nb].get("title") or nb, "paper": paper.get("title"),
             "url": paper.get("url"), "profile": profile, "claim": cid,
+            "kind": first.get("kind") or UNKNOWN_KIND,
+            "post_hoc": any(bool(c.get("post_hoc")) for c in claims),
             "statement": first["statement"], "metric": first["metric"],
-            "direction": first.get("direction", ""), "asserted": first.get("asserted", True),
+            "direction": first.get("direction", ""), "margin": first.get("margin", 0.0),
+            "asserted": first.get("asserted", True),
             "seeds": [s for s, _, _ in items], "ours": _fmt([c["ours"] for c in claims]),
             "baseline": _fmt([c["baseline"] for c in claims]),
             "paper_value": first.get("paper_value"), "source": first.get("source"),
-            "verdict": verdict, **_confidence(claims),
+            "verdict": verdict, "why": why, "control": control,
+            "control_verdict": control_verdict, **_confidence(claims),
             "on_mean": {None: "—", True: "holds", False: "does not hold"}[on_mean],
             "devices": sorted({r.get("device", "?") for _, _, r in items}),
             "wall_s": _fmt([r.get("wall_s") for _, _, r in items]),
@@ -125,28 +191,163 @@ def summarise(results: list[dict]) -> list[dict]:
     return rows
 
 
+def paper_count(rows: list[dict]) -> dict:
+    """How many ``paper`` claims of these rows reproduce (hold in every seed and are evidence),
+    and how many rows of each other kind were left out of that count.
+
+    >>> paper_count([{"kind": "paper", "verdict": "holds"}, {"kind": "paper",
+    ...              "verdict": "not evidence"}, {"kind": "sanity", "verdict": "holds"}])
+    {'reproduced': 1, 'paper': 2, 'not_evidence': 1, 'other': {'sanity': 1}}
+    """
+    paper = [r for r in rows if r["kind"] == "paper"]
+    other: dict[str, int] = {}
+    for r in rows:
+        if r["kind"] != "paper":
+            other[r["kind"]] = other.get(r["kind"], 0) + 1
+    return {"reproduced": sum(r["verdict"] == "holds" for r in paper), "paper": len(paper),
+            "not_evidence": sum(r["verdict"] == "not evidence" for r in paper), "other": other}
+
+
+def count_line(rows: list[dict]) -> str:
+    """One sentence: how many of the paper's claims reproduce, and what was not counted."""
+    c = paper_count(rows)
+    if c["paper"]:
+        line = f"Paper claims reproduced: {c['reproduced']} of {c['paper']}"
+        if c["not_evidence"]:
+            line += f" ({c['not_evidence']} hold but are not evidence)"
+    else:
+        line = "No paper claims"
+    known = {k: v for k, v in c["other"].items() if k != UNKNOWN_KIND}
+    if known:
+        line += "; not counted: " + ", ".join(f"{v} {k}" for k, v in sorted(known.items()))
+    if c["other"].get(UNKNOWN_KIND):
+        line += (f"; {c['other'][UNKNOWN_KIND]} of unknown kind (results written before claims "
+                 "had kinds), not counted")
+    return line + "."
+
+
+def _by_group(rows: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        out[(r["notebook"], r["profile"], r.get("point", ""))].append(r)
+    return out
+
+
+def summarise_curves(results: list[dict]) -> list[dict]:
+    """One row per (notebook, profile, grid point, curve): start, peak and final of every run
+    (mean +- std over runs and seeds), whether the peak differs from the final value in any run,
+    and how many runs collapsed. Only ``learning_curve`` dicts count; plain lists under
+    ``curve/...`` (x-axes, older notebooks) are left alone."""
+    from agentrl_lib.pipeline.results import COLLAPSE_MARGIN, curve_summary
+
+    groups: dict[tuple, list] = defaultdict(list)
+    meta = {}
+    for r in results:
+        for name, v in (r.get("metrics") or {}).items():
+            if name.startswith("curve/") and isinstance(v, dict) and "values" in v:
+                key = (r["notebook"], r.get("profile", "?"), r.get("point", ""), name)
+                groups[key].append((r.get("seed"), v))
+                meta[r["notebook"]] = r
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
+        nb, profile, point, name = key
+        runs = [s for _, v in groups[key] for s in curve_summary(v)]
+        first = groups[key][0][1]
+        scale = float(first.get("scale", 1.0))
+        n_collapsed = sum(s["collapsed"] for s in runs)
+        rows.append({
+            "family": family_of(meta[nb]), "notebook": nb, "profile": profile, "point": point,
+            "curve": name.removeprefix("curve/"), "runs": len(runs),
+            "seeds": sorted({s for s, _ in groups[key]}, key=lambda s: (s is None, s)),
+            "start": _fmt([s["start"] for s in runs]), "peak": _fmt([s["peak"] for s in runs]),
+            "final": _fmt([s["final"] for s in runs]),
+            "peak_differs": any(not np.isclose(s["peak"], s["final"], rtol=0, atol=1e-12)
+                                for s in runs),
+            "higher_is_better": bool(first.get("higher_is_better", True)),
+            "collapse_drop": COLLAPSE_MARGIN * scale, "collapsed": n_collapsed,
+            "collapsed_cell": (f"collapsed {n_collapsed}/{len(runs)}" if n_collapsed
+                               else f"no (0/{len(runs)})"),
+        })
+    return rows
+
+
+def _curves_note() -> str:
+    from agentrl_lib.pipeline.results import COLLAPSE_MARGIN
+
+    return (f"Learning curves, per run (mean ± std over runs and seeds): peak is the best value "
+            f"where it differs from the final one; a run has collapsed when its final value is "
+            f"worse than its start by more than {COLLAPSE_MARGIN} × the metric's range.")
+
+
+CURVES_NOTE = _curves_note()
+
+
+def _peak_cell(r: dict) -> str:
+    return r["peak"] if r["peak_differs"] else "= final"
+
+
+def curves_markdown(curve_rows: list[dict]) -> str:
+    """A table of learning curves: start, peak (where it differs from final), final, collapse."""
+    if not curve_rows:
+        return ""
+    out = ["| notebook | profile | curve | runs | start | peak | final | collapsed |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in curve_rows:
+        prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
+        cell = f"**{r['collapsed_cell']}**" if r["collapsed"] else r["collapsed_cell"]
+        out.append(f"| {r['notebook']} | {prof} | {r['curve']} | {r['runs']} | {r['start']} | "
+                   f"{_peak_cell(r)} | {r['final']} | {cell} |")
+    return "\n".join(out) + "\n"
+
+
 def _paper_cell(r: dict) -> str:
     pv = "" if r["paper_value"] is None else str(r["paper_value"])
     return pv + (f" ({r['source']})" if r.get("source") and pv else "")
 
 
-def markdown(rows: list[dict]) -> str:
-    """One table per family; the grid point, when there is one, follows the profile."""
-    head = ("| notebook | profile | claim | ours (mean ± std) | baseline | paper | seeds | verdict "
-            "(every seed) | on the seed mean | IQM; diff [95% CI] | with confidence |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+POST_HOC_NOTE = "post hoc: margin set after seeing results"
+
+
+def _claim_cell(r: dict) -> str:
+    cell = f"{r['statement']} ({r['metric']}, {r['direction']})"
+    return cell + (f" — *{POST_HOC_NOTE}*" if r.get("post_hoc") else "")
+
+
+def _verdict_cell(r: dict) -> str:
+    note = "" if r["asserted"] else " (reported, not asserted)"
+    why = f" ({r['why']})" if r.get("why") else ""
+    return f"**{r['verdict']}**{why}{note}"
+
+
+def _control_text(r: dict) -> str:
+    return "—" if r.get("control", "—") == "—" else f"{r['control']} ({r['control_verdict']})"
+
+
+def markdown(rows: list[dict], curve_rows: list[dict] | None = None) -> str:
+    """One table per family, then how many paper claims reproduce per notebook (and profile and
+    grid point), then the family's learning curves; the grid point follows the profile."""
+    head = ("| notebook | profile | claim | kind | ours (mean ± std) | baseline | paper | "
+            "negative control | seeds | verdict (every seed) | on the seed mean | "
+            "IQM; diff [95% CI] | with confidence |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     out = []
+    curve_rows = curve_rows or []
     for fam in dict.fromkeys(r.get("family", "other") for r in rows):
+        fam_rows = [r for r in rows if r.get("family", "other") == fam]
         body = []
-        for r in (r for r in rows if r.get("family", "other") == fam):
+        for r in fam_rows:
             seeds = ",".join(str(s) for s in r["seeds"])
-            note = "" if r["asserted"] else " (reported, not asserted)"
             prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
-            body.append(f"| {r['notebook']} | {prof} | {r['statement']} ({r['metric']}, "
-                        f"{r['direction']}) | {r['ours']} | {r['baseline']} | {_paper_cell(r)} | "
-                        f"{seeds} | **{r['verdict']}**{note} | {r['on_mean']} | "
+            body.append(f"| {r['notebook']} | {prof} | {_claim_cell(r)} | {r['kind']} | "
+                        f"{r['ours']} | {r['baseline']} | {_paper_cell(r)} | {_control_text(r)} | "
+                        f"{seeds} | {_verdict_cell(r)} | {r['on_mean']} | "
                         f"{r.get('iqm', '—')} | {r.get('confident', '—')} |")
-        out.append(f"### Family: {fam}\n\n" + head + "\n".join(body) + "\n")
+        counts = [f"- {nb}, {prof}{f' [{pt}]' if pt else ''}: {count_line(g)}"
+                  for (nb, prof, pt), g in _by_group(fam_rows).items()]
+        curves = curves_markdown([c for c in curve_rows if c.get("family", "other") == fam])
+        out.append(f"### Family: {fam}\n\n" + head + "\n".join(body) + "\n\n" +
+                   "\n".join(counts) + "\n" +
+                   (f"\n{CURVES_NOTE}\n\n{curves}" if curves else ""))
     return "\n".join(out)
 
 
@@ -167,12 +368,17 @@ def _figures(run_dirs: list[str]) -> list[tuple[str, str]]:
     return []
 
 
-def render_html(rows: list[dict], results: list[dict], failures: list[dict]) -> str:
+def render_html(rows: list[dict], results: list[dict], failures: list[dict],
+                curve_rows: list[dict] | None = None) -> str:
     e = html.escape
+    curve_rows = curve_rows or []
     parts = [f"<!doctype html><meta charset='utf-8'><title>agentrl report</title><style>{_CSS}"
              "</style><h1>agentrl: reproduction report</h1>",
              f"<p class='small'>{len(results)} results from {len({r['notebook'] for r in results})}"
-             " notebooks. A verdict 'holds' means the claim held in every seed listed.</p>"]
+             " notebooks. A verdict 'holds' means the claim held in every seed listed; 'not "
+             "evidence' means it held, but its negative control passed too, or it is an agreement "
+             "or non-inferiority claim without a control. Only claims of kind 'paper' count "
+             "towards a paper reproducing.</p>"]
     by_nb = defaultdict(list)
     for r in rows:
         by_nb[r["notebook"]].append(r)
@@ -184,24 +390,46 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict]) -> 
             parts.append(f"<h1 class='family'>Family: {e(str(family))}</h1>")
         link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
                 else e(first["paper"] or ""))
-        parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p>")
-        parts.append("<table><tr><th>profile</th><th>claim</th><th>metric</th><th>ours</th>"
-                     "<th>baseline</th><th>paper</th><th>seeds</th><th>device</th>"
-                     "<th>wall s</th><th>verdict (every seed)</th><th>on the seed mean</th>"
-                     "<th>IQM; diff [95% CI]</th><th>with confidence</th></tr>")
+        parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p><ul>")
+        parts.extend(f"<li>{e(prof)}{e(f' [{pt}]' if pt else '')}: {e(count_line(g))}</li>"
+                     for (_, prof, pt), g in _by_group(nb_rows).items())
+        parts.append("</ul>")
+        parts.append("<table><tr><th>profile</th><th>claim</th><th>kind</th><th>metric</th>"
+                     "<th>ours</th><th>baseline</th><th>paper</th><th>negative control</th>"
+                     "<th>seeds</th><th>device</th><th>wall s</th><th>verdict (every seed)</th>"
+                     "<th>on the seed mean</th><th>IQM; diff [95% CI]</th>"
+                     "<th>with confidence</th></tr>")
         for r in nb_rows:
-            cls = {"holds": "holds", "does not hold": "no"}.get(r["verdict"], "mixed")
+            cls = {"holds": "holds", "does not hold": "no", "not evidence": "no"}.get(
+                r["verdict"], "mixed")
             note = "" if r["asserted"] else "<br><span class='small'>reported, not asserted</span>"
+            why = f"<br><span class='small'>{e(r['why'])}</span>" if r.get("why") else ""
+            post = (f"<br><span class='mixed'>{e(POST_HOC_NOTE)}</span>" if r.get("post_hoc")
+                    else "")
             prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
             parts.append(
-                f"<tr><td>{e(prof)}</td><td>{e(r['statement'])}</td>"
+                f"<tr><td>{e(prof)}</td><td>{e(r['statement'])}{post}</td><td>{e(r['kind'])}</td>"
                 f"<td>{e(r['metric'])} ({e(r['direction'])})</td><td>{e(r['ours'])}</td>"
                 f"<td>{e(r['baseline'])}</td><td>{e(_paper_cell(r))}</td>"
+                f"<td>{e(_control_text(r))}</td>"
                 f"<td>{e(','.join(map(str, r['seeds'])))}</td><td>{e('; '.join(r['devices']))}</td>"
-                f"<td>{e(r['wall_s'])}</td><td class='{cls}'>{e(r['verdict'])}{note}</td>"
+                f"<td>{e(r['wall_s'])}</td><td class='{cls}'>{e(r['verdict'])}{why}{note}</td>"
                 f"<td>{e(r['on_mean'])}</td><td>{e(r.get('iqm', '—'))}</td>"
                 f"<td>{e(r.get('confident', '—'))}</td></tr>")
         parts.append("</table>")
+        nb_curves = [c for c in curve_rows if c["notebook"] == nb]
+        if nb_curves:
+            parts.append(f"<p class='small'>{e(CURVES_NOTE)}</p><table><tr><th>profile</th>"
+                         "<th>curve</th><th>runs</th><th>start</th><th>peak</th><th>final</th>"
+                         "<th>collapsed</th></tr>")
+            for c in nb_curves:
+                prof = c["profile"] + (f" [{c['point']}]" if c.get("point") else "")
+                cls = "no" if c["collapsed"] else "holds"
+                parts.append(f"<tr><td>{e(prof)}</td><td>{e(c['curve'])}</td><td>{c['runs']}</td>"
+                             f"<td>{e(c['start'])}</td><td>{e(_peak_cell(c))}</td>"
+                             f"<td>{e(c['final'])}</td>"
+                             f"<td class='{cls}'>{e(c['collapsed_cell'])}</td></tr>")
+            parts.append("</table>")
         for profile in sorted({r["profile"] for r in nb_rows}):
             dirs = sorted(res["_dir"] for res in results
                           if res["notebook"] == nb and res.get("profile") == profile)
@@ -221,24 +449,38 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report")
     runs_root, out_dir = Path(runs_root), Path(out_dir)
     results = collect(runs_root)
     rows = summarise(results)
+    curve_rows = summarise_curves(results)
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.md").write_text(markdown(rows))
-    (out_dir / "index.html").write_text(render_html(rows, results, failures))
+    (out_dir / "summary.md").write_text(markdown(rows, curve_rows))
+    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows))
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
+    (out_dir / "curves.json").write_text(json.dumps(curve_rows, indent=2, default=str))
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
             "html": out_dir / "index.html", "markdown": out_dir / "summary.md"}
 
 
+CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "margin",
+               "ours_mean_std", "baseline", "paper_value", "paper_source", "negative_control",
+               "control_verdict", "seeds", "verdict", "verdict_why", "post_hoc", "on_seed_mean",
+               "iqm_diff_ci", "confident", "asserted", "device", "wall_s"]
+"""Columns of ``reproductions/<notebook>/<profile>_summary.csv``, one row per claim."""
+CURVE_CSV_COLUMNS = ["curve", "point", "runs", "seeds", "start", "peak", "final",
+                     "higher_is_better", "collapse_drop", "collapsed_runs"]
+"""Columns of ``reproductions/<notebook>/<profile>_curves.csv``, one row per learning curve."""
+
+
 def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list[Path]:
     """Write the committed summaries of one profile: ``reproductions/RESULTS.md`` (a section per
-    profile), and per notebook ``<profile>_summary.csv`` and the lowest seed's figures."""
+    profile), and per notebook ``<profile>_summary.csv``, ``<profile>_curves.csv`` (when it
+    records learning curves) and the lowest seed's figures."""
     import csv
     import shutil
 
     runs_root, repro_root = Path(runs_root), Path(repro_root)
     results = [r for r in collect(runs_root) if r.get("profile") == profile]
     rows = summarise(results)
+    curve_rows = summarise_curves(results)
     written = []
     for nb in sorted({r["notebook"] for r in rows}):
         out = repro_root / nb
@@ -247,16 +489,28 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
         nb_rows = [r for r in rows if r["notebook"] == nb]
         with path.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["claim", "point", "statement", "metric", "direction", "ours_mean_std",
-                        "baseline", "paper_value", "paper_source", "seeds", "verdict",
-                        "on_seed_mean", "iqm_diff_ci", "confident", "asserted", "device",
-                        "wall_s"])
+            w.writerow(CSV_COLUMNS)
             for r in nb_rows:
-                w.writerow([r["claim"], r["point"], r["statement"], r["metric"], r["direction"],
-                            r["ours"], r["baseline"], r["paper_value"], r["source"],
-                            " ".join(map(str, r["seeds"])), r["verdict"], r["on_mean"], r["iqm"],
-                            r["confident"], r["asserted"], "; ".join(r["devices"]), r["wall_s"]])
+                w.writerow([r["claim"], r["kind"], r["point"], r["statement"], r["metric"],
+                            r["direction"], r["margin"], r["ours"], r["baseline"],
+                            r["paper_value"], r["source"], r["control"], r["control_verdict"],
+                            " ".join(map(str, r["seeds"])), r["verdict"], r["why"],
+                            r["post_hoc"], r["on_mean"], r["iqm"], r["confident"], r["asserted"],
+                            "; ".join(r["devices"]), r["wall_s"]])
         written.append(path)
+        nb_curves = [c for c in curve_rows if c["notebook"] == nb]
+        curves_path = out / f"{profile}_curves.csv"
+        if nb_curves:
+            with curves_path.open("w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(CURVE_CSV_COLUMNS)
+                for c in nb_curves:
+                    w.writerow([c["curve"], c["point"], c["runs"], " ".join(map(str, c["seeds"])),
+                                c["start"], _peak_cell(c), c["final"], c["higher_is_better"],
+                                f"{c['collapse_drop']:.4g}", c["collapsed"]])
+            written.append(curves_path)
+        else:
+            curves_path.unlink(missing_ok=True)  # a stale table of curves no longer recorded
         dirs = sorted((res["_dir"] for res in results if res["notebook"] == nb),
                       key=lambda d: int(Path(d).name.removeprefix("seed") or 0))
         for d in dirs[:1]:
@@ -270,8 +524,11 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
     start, end = f"<!-- profile:{profile} -->", f"<!-- /profile:{profile} -->"
     devices = sorted({d for r in rows for d in r["devices"]})
     section = (f"{start}\n## Profile `{profile}`\n\nDevice: {'; '.join(devices) or '?'}. "
-               f"Mean ± std over the seeds listed; verdict 'holds' means in every seed.\n\n"
-               f"{markdown(rows)}{end}")
+               f"Mean ± std over the seeds listed; verdict 'holds' means in every seed, 'not "
+               f"evidence' that it held but its negative control passed too, or that it is an "
+               f"agreement or non-inferiority claim without one. Only claims of kind `paper` count "
+               f"towards a paper reproducing.\n\n"
+               f"{markdown(rows, curve_rows)}{end}")
     if start in old:
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
     else:

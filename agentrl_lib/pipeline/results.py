@@ -7,6 +7,9 @@ A notebook calls, in its "Did it work?" section::
     write_results(NOTEBOOK, params, metrics, claims)   # first: nothing computed is lost ...
     assert_claims(claims)                              # ... then the run fails if a claim fails
 
+A learning curve goes into ``metrics`` as ``metrics["curve/<name>"] = learning_curve(values,
+steps)``; the report shows its start, peak and final and flags a collapsed run (``curve_summary``).
+
 The run directory is ``pipeline.paths.current_run_dir``: ``$AGENTRL_RUN_DIR`` when ``agentrl run``
 executes the notebook, else ``$AGENTRL_RUNS_ROOT/interactive/<notebook>/seed<S>``.
 """
@@ -22,6 +25,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from agentrl_lib.pipeline.paths import current_run_dir
 
@@ -72,6 +77,11 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
     metric of a negative-control arm, judged by the same rule against the same baseline (it
     should fail: then ``control_fails`` is True).
 
+    A non-inferiority claim (ours may be somewhat below the baseline) is written as a negative
+    ``margin`` on '>' (or '<'), never as a baseline shifted before the call: the report can only
+    see the margin, and reports such a ``paper`` claim, like every '~' claim, as "not evidence"
+    unless a control fails it.
+
     direction: '>' ours > baseline + margin; '<' ours < baseline - margin; '>=' ours >= baseline
     (a bar to reach; margin unused); '<=' ours <= baseline; '~' |ours - baseline| <= margin.
 
@@ -112,6 +122,70 @@ def _rule(ours: float, baseline: float | None, direction: str, margin: float) ->
     else:
         holds = abs(ours - b) <= margin
     return bool(holds)
+
+
+COLLAPSE_MARGIN = 0.05
+"""A run has *collapsed* when its learning curve ends worse than it started by more than
+``COLLAPSE_MARGIN * scale``, where ``scale`` is the width of the metric's range: 1 for rates and
+accuracies in [0, 1] (so 0.05 absolute, five points of accuracy), 500 for CartPole's return, log V
+for a next-token loss. Chosen when this convention was written, before any curve was summarised
+with it: it is the smallest drop we would call a failure of training rather than evaluation noise
+on a panel of a few hundred problems (the standard error of an accuracy near 0.5 on 200 problems
+is 0.035). It is not tuned to any notebook's results and must not be."""
+
+
+def learning_curve(values, steps, *, scale: float = 1.0, higher_is_better: bool = True) -> dict:
+    """A learning curve, stored as ``metrics["curve/<name>"]`` (a dict, so that the x-axis lists
+    older notebooks keep under ``curve/...`` are not mistaken for curves).
+
+    values: one run's values at ``steps`` (a list), or several runs of one arm within this seed (a
+    list of lists, each as long as ``steps``); scale: the width of the metric's range (see
+    ``COLLAPSE_MARGIN``); higher_is_better: False for a loss.
+
+    >>> learning_curve([0.1, 0.5], steps=[0, 100])
+    {'steps': [0.0, 100.0], 'values': [0.1, 0.5], 'scale': 1.0, 'higher_is_better': True}
+    """
+    steps = [float(x) for x in steps]
+    rows = [values] if _is_flat(values) else list(values)
+    rows = [[float(v) for v in row] for row in rows]
+    bad = [len(r) for r in rows if len(r) != len(steps)]
+    if bad or not steps:
+        raise ValueError(f"a curve needs one value per step: {len(steps)} steps, runs of length "
+                         f"{[len(r) for r in rows]}")
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return {"steps": steps, "values": rows[0] if _is_flat(values) else rows, "scale": float(scale),
+            "higher_is_better": bool(higher_is_better)}
+
+
+def curve_summary(curve: dict, margin: float = COLLAPSE_MARGIN) -> list[dict]:
+    """Per run of a ``learning_curve``: start (first value), peak (the best value: the largest, or
+    the smallest for a loss) and its step, final (last value), and whether the run collapsed:
+    final worse than start by more than ``margin * scale``.
+
+    >>> [r["collapsed"] for r in curve_summary(learning_curve([[0.5, 0.9, 0.44], [0.5, 0.9, 0.46]],
+    ...                                                       steps=[0, 1, 2]))]
+    [True, False]
+    >>> loss = learning_curve([4.6, 1.2, 1.5], [0, 10, 20], scale=4.6, higher_is_better=False)
+    >>> curve_summary(loss)
+    [{'start': 4.6, 'peak': 1.2, 'peak_step': 10.0, 'final': 1.5, 'collapsed': False}]
+    """
+    values = curve["values"]
+    rows = [values] if _is_flat(values) else values
+    sign = 1.0 if curve.get("higher_is_better", True) else -1.0
+    drop = margin * float(curve.get("scale", 1.0))
+    out = []
+    for row in rows:
+        a = sign * np.asarray(row, dtype=float)
+        i = int(np.nanargmax(a))
+        out.append({"start": float(row[0]), "peak": float(row[i]),
+                    "peak_step": float(curve["steps"][i]), "final": float(row[-1]),
+                    "collapsed": bool(a[-1] < a[0] - drop)})
+    return out
+
+
+def _is_flat(values) -> bool:
+    return all(not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0 for v in values)
 
 
 def save_figure(fig, name: str, notebook: str, seed: int) -> Path:
@@ -213,8 +287,9 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
 
 def write_metrics_jsonl(directory: Path, metrics: dict) -> Path:
     """``metrics.jsonl`` of the run: every list-valued metric (a curve) as rows
-    ``{"series", "index", "value"}``, then one row ``{"final": {...scalars}}``. When the notebook
-    already logged step by step with ``utils.MetricsLogger`` (same file), only the final row is
+    ``{"series", "index", "value"}`` (a ``learning_curve`` adds ``"step"``, and ``"run"`` when it
+    holds several runs), then one row ``{"final": {...scalars}}``. When the notebook already
+    logged step by step with ``utils.MetricsLogger`` (same file), only the final row is
     appended."""
     path = Path(directory) / "metrics.jsonl"
     scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or
@@ -226,6 +301,13 @@ def write_metrics_jsonl(directory: Path, metrics: dict) -> Path:
                     isinstance(x, (int, float)) for x in values):
                 lines += [json.dumps({"series": name, "index": i, "value": x})
                           for i, x in enumerate(values)]
+            elif isinstance(values, dict) and "values" in values and "steps" in values:
+                runs = values["values"]
+                runs = [(None, runs)] if _is_flat(runs) else list(enumerate(runs))
+                for r, row in runs:
+                    lines += [json.dumps({"series": name, **({} if r is None else {"run": r}),
+                                          "index": i, "step": s, "value": x}, default=_default)
+                              for i, (s, x) in enumerate(zip(values["steps"], row))]
     lines.append(json.dumps({"final": scalars}, default=_default))
     with path.open("a") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,0 +1,187 @@
+"""The report's treatment of claim kinds, post-hoc margins, negative controls and learning
+curves."""
+
+import csv
+import json
+from dataclasses import asdict
+
+import pytest
+
+from agentrl_lib.pipeline import report
+from agentrl_lib.pipeline.results import (
+    COLLAPSE_MARGIN, claim, curve_summary, learning_curve, write_results,
+)
+
+
+def result(seed, claims, metrics=None, nb="05_mixed", profile="cpu"):
+    """A results.json as the report reads it (claims as dicts, as write_results stores them)."""
+    return {"notebook": nb, "profile": profile, "seed": seed, "title": "Mixed", "paper": {},
+            "claims": [c if isinstance(c, dict) else asdict(c) for c in claims],
+            "metrics": metrics or {}}
+
+
+def mixed_claims(seed):
+    """Eight claims of every kind; numbers chosen so each rule's outcome is known by hand."""
+    return [
+        claim("beats", "ours beats the baseline", "acc", 0.8, 0.5, ">", margin=0.1, kind="paper"),
+        claim("fails", "ours beats it by a lot", "acc", 0.55, 0.5, ">", margin=0.1, kind="paper"),
+        # agreement without a control: holds, proves nothing
+        claim("agrees_bare", "ours agrees with the baseline", "acc", 0.52, 0.5, "~", margin=0.05,
+              kind="paper"),
+        # agreement whose control (0.2, off by 0.3) fails the rule: evidence
+        claim("agrees_ctl", "ours agrees with the baseline", "acc", 0.52, 0.5, "~", margin=0.05,
+              kind="paper", control=0.2),
+        # non-inferiority as a negative margin (ours may be up to 0.05 below), no control
+        claim("noninf", "ours is not worse than the baseline", "acc", 0.47, 0.5, ">",
+              margin=-0.05, kind="paper"),
+        claim("equal_lib", "from scratch equals the library", "max abs diff", 1e-9, 1e-6, "<=",
+              kind="sanity"),
+        claim("contracts", "VI contracts at rate gamma", "ratio", 0.85, 0.9, "<=", kind="theorem"),
+        claim("budget", "every arm gets the same samples", "ratio", 1.0, 1.0, ">=", kind="design"),
+    ]
+
+
+def test_only_paper_claims_are_counted():
+    rows = report.summarise([result(s, mixed_claims(s)) for s in (0, 1, 2)])
+    verdict = {r["claim"]: r["verdict"] for r in rows}
+    assert verdict == {"beats": "holds", "fails": "does not hold", "agrees_bare": "not evidence",
+                       "agrees_ctl": "holds", "noninf": "not evidence", "equal_lib": "holds",
+                       "contracts": "holds", "budget": "holds"}
+    assert [r["kind"] for r in rows] == ["paper"] * 5 + ["sanity", "theorem", "design"]
+    # 8 claims hold or not; 5 are paper claims; of the 4 paper claims that hold in every seed,
+    # 2 are agreement / non-inferiority claims without a control
+    assert report.paper_count(rows) == {"reproduced": 2, "paper": 5, "not_evidence": 2,
+                                        "other": {"sanity": 1, "theorem": 1, "design": 1}}
+    assert report.count_line(rows) == ("Paper claims reproduced: 2 of 5 (2 hold but are not "
+                                       "evidence); not counted: 1 design, 1 sanity, 1 theorem.")
+    md = report.markdown(rows)
+    assert "- 05_mixed, cpu: Paper claims reproduced: 2 of 5" in md
+    line = next(x for x in md.splitlines() if "VI contracts" in x)
+    assert "| theorem |" in line
+    html = report.render_html(rows, [], [])
+    assert "<td>sanity</td>" in html and "Paper claims reproduced: 2 of 5" in html
+
+
+def test_control_and_evidence_rendering():
+    def seed_claims(s):
+        # the control passes the rule in seed 1 only (0.49 is within 0.05 of 0.5)
+        ctl = {0: 0.2, 1: 0.49, 2: 0.3}[s]
+        return [claim("agree", "agrees", "acc", 0.51, 0.5, "~", margin=0.05, kind="paper",
+                      control=ctl),
+                claim("beat", "beats", "acc", 0.9, 0.5, ">", margin=0.1, kind="paper",
+                      control=0.5)]
+    agree, beat = report.summarise([result(s, seed_claims(s)) for s in (0, 1, 2)])
+    assert agree["verdict"] == "not evidence"
+    assert agree["why"] == "holds, but its negative control passes too"
+    assert agree["control"] == "0.33 ± 0.15"  # mean and std (ddof=1) of 0.2, 0.49, 0.3
+    assert agree["control_verdict"] == "control passes too in 1/3 seeds"
+    assert beat["verdict"] == "holds" and beat["control"] == "0.5"
+    assert beat["control_verdict"] == "control fails (every seed)"
+    md = report.markdown([agree, beat])
+    assert "0.5 (control fails (every seed))" in md
+    assert "**not evidence** (holds, but its negative control passes too)" in md
+    assert report.paper_count([agree, beat])["reproduced"] == 1
+
+
+def test_post_hoc_is_marked():
+    rows = report.summarise([result(s, [
+        claim("bar", "reaches the bar", "return", 480.0, 450.0, ">=", kind="paper", post_hoc=True),
+        claim("other", "beats", "acc", 0.9, 0.5, ">", kind="paper")]) for s in (0, 1)])
+    assert [r["post_hoc"] for r in rows] == [True, False]
+    lines = report.markdown(rows).splitlines()
+    note = "post hoc: margin set after seeing results"
+    assert note in next(x for x in lines if "reaches the bar" in x)
+    assert note not in next(x for x in lines if "| beats" in x)
+    assert note in report.render_html(rows, [], [])
+
+
+def test_old_results_without_kind_stay_readable():
+    """results.json written before kinds: no kind, post_hoc or control fields."""
+    old = [{"notebook": "01_old", "profile": "cpu", "seed": s, "paper": {}, "claims": [
+        {"id": "c", "statement": "s", "metric": "m", "ours": 2.0, "baseline": 1.0,
+         "direction": ">", "margin": 0.0, "paper_value": None, "holds": True},
+        {"id": "a", "statement": "agrees", "metric": "m", "ours": 1.0, "baseline": 1.0,
+         "direction": "~", "margin": 0.1, "paper_value": None, "holds": True}]} for s in (0, 1)]
+    c, a = report.summarise(old)
+    assert c["kind"] == a["kind"] == "unknown" and not c["post_hoc"]
+    assert c["verdict"] == "holds" and c["control"] == "—"
+    assert c["control_verdict"] == "no control"
+    assert a["verdict"] == "not evidence"  # an agreement without a control, whatever its kind
+    assert report.count_line([c, a]) == ("No paper claims; 2 of unknown kind (results written "
+                                         "before claims had kinds), not counted.")
+
+
+def test_collapse_flag_and_peak():
+    up = learning_curve([0.5, 0.7, 0.9], steps=[0, 10, 20])
+    (s,) = curve_summary(up)
+    assert s == {"start": 0.5, "peak": 0.9, "peak_step": 20.0, "final": 0.9, "collapsed": False}
+    # ends 0.06 below its start: more than COLLAPSE_MARGIN = 0.05 of a [0, 1] range
+    (s,) = curve_summary(learning_curve([0.5, 0.9, 0.44], steps=[0, 10, 20]))
+    assert s["collapsed"] and s["peak"] == 0.9 and s["peak_step"] == 10.0 and s["final"] == 0.44
+    # a drop from the peak (0.9 -> 0.46) is not a collapse while final stays near the start
+    (s,) = curve_summary(learning_curve([0.5, 0.9, 0.46], steps=[0, 10, 20]))
+    assert not s["collapsed"] and s["peak"] == 0.9
+    # the margin scales with the metric's range: CartPole returns in [0, 500]
+    assert COLLAPSE_MARGIN * 500 == 25.0
+    cartpole = [learning_curve([100.0, 480.0, end], [0, 1, 2], scale=500) for end in (80.0, 70.0)]
+    assert [curve_summary(c)[0]["collapsed"] for c in cartpole] == [False, True]
+    # a loss: lower is better, the peak is the minimum, a collapse is a rise
+    loss = learning_curve([[4.6, 1.0, 1.3], [4.6, 1.0, 4.9]], [0, 1, 2], scale=4.6,
+                          higher_is_better=False)
+    a, b = curve_summary(loss)
+    assert (a["peak"], a["collapsed"]) == (1.0, False) and b["collapsed"]  # 4.9 > 4.6 + 0.23
+    with pytest.raises(ValueError, match="one value per step"):
+        learning_curve([0.1, 0.2], steps=[0, 1, 2])
+
+
+def test_report_summarises_curves_over_seeds(tmp_path):
+    res = [result(0, [], {"curve/acc": learning_curve([0.5, 0.9, 0.4], [0, 5, 10]),
+                          "curve/loss": learning_curve([3.0, 2.0, 1.0], [0, 5, 10], scale=4.6,
+                                                       higher_is_better=False),
+                          "curve/steps": [0, 5, 10]}),  # a plain list: an x-axis, not a curve
+           result(1, [], {"curve/acc": learning_curve([0.5, 0.7, 0.7], [0, 5, 10]),
+                          "curve/loss": learning_curve([3.0, 2.5, 2.0], [0, 5, 10], scale=4.6,
+                                                       higher_is_better=False)})]
+    acc, loss = report.summarise_curves(res)
+    assert (acc["curve"], acc["runs"], acc["seeds"]) == ("acc", 2, [0, 1])
+    assert (acc["start"], acc["peak"], acc["final"]) == ("0.5", "0.8 ± 0.14", "0.55 ± 0.21")
+    assert acc["peak_differs"] and acc["collapsed"] == 1
+    assert acc["collapsed_cell"] == "collapsed 1/2"
+    assert not loss["peak_differs"] and loss["collapsed"] == 0  # monotone: peak is the final value
+    md = report.curves_markdown([acc, loss])
+    assert ("| 05_mixed | cpu | acc | 2 | 0.5 | 0.8 ± 0.14 | 0.55 ± 0.21 | **collapsed 1/2** |"
+            in md)
+    assert "| 05_mixed | cpu | loss | 2 | 3 | = final | 1.5 ± 0.71 | no (0/2) |" in md
+
+
+def test_publish_columns_and_curves_csv(tmp_path, monkeypatch):
+    """write_results -> publish: the CSV carries kind, control and post hoc; curves get their own
+    CSV; metrics.jsonl keeps every point of a learning curve with its step."""
+    runs = tmp_path / "runs"
+    for s in (0, 1):
+        monkeypatch.setenv("AGENTRL_RUN_DIR", str(runs / "cpu" / "05_mixed" / f"seed{s}"))
+        (runs / "cpu" / "05_mixed" / f"seed{s}").mkdir(parents=True)
+        metrics = {"curve/acc": learning_curve([0.3, 0.6 + 0.1 * s], [0, 8])}
+        claims = [claim("agree", "agrees", "acc", 0.6, 0.6, "~", margin=0.05, kind="paper",
+                        control=0.3),
+                  claim("bar", "reaches the bar", "acc", 0.6, 0.5, ">=", kind="paper",
+                        post_hoc=True)]
+        write_results("05_mixed", {"seed": s, "profile": "cpu"}, metrics, claims)
+    jsonl = (runs / "cpu/05_mixed/seed1/metrics.jsonl").read_text()
+    rows = [json.loads(x) for x in jsonl.splitlines()]
+    assert rows[:2] == [{"series": "curve/acc", "index": 0, "step": 0.0, "value": 0.3},
+                        {"series": "curve/acc", "index": 1, "step": 8.0, "value": 0.7}]
+    report.publish(runs, tmp_path / "reproductions", "cpu")
+    with (tmp_path / "reproductions/05_mixed/cpu_summary.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == report.CSV_COLUMNS
+    assert [(t["claim"], t["kind"], t["verdict"], t["post_hoc"]) for t in table] == [
+        ("agree", "paper", "holds", "False"), ("bar", "paper", "holds", "True")]
+    assert table[0]["negative_control"] == "0.3"
+    assert table[0]["control_verdict"] == "control fails (every seed)"
+    with (tmp_path / "reproductions/05_mixed/cpu_curves.csv").open() as f:
+        (curve,) = list(csv.DictReader(f))
+    assert (curve["curve"], curve["runs"], curve["start"], curve["peak"], curve["final"],
+            curve["collapsed_runs"]) == ("acc", "2", "0.3", "= final", "0.65 ± 0.071", "0")
+    md = (tmp_path / "reproductions/RESULTS.md").read_text()
+    assert "Paper claims reproduced: 2 of 2." in md and "post hoc" in md
