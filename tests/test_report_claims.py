@@ -185,3 +185,16 @@ def test_publish_columns_and_curves_csv(tmp_path, monkeypatch):
             curve["collapsed_runs"]) == ("acc", "2", "0.3", "= final", "0.65 ± 0.071", "0")
     md = (tmp_path / "reproductions/RESULTS.md").read_text()
     assert "Paper claims reproduced: 2 of 2." in md and "post hoc" in md
+
+
+def test_which_claims_need_a_control():
+    from agentrl_lib.pipeline.report import needs_control
+
+    def c(direction, margin, kind="paper"):
+        return {"direction": direction, "margin": margin, "kind": kind}
+
+    assert needs_control(c("~", 0.05)) and needs_control(c("~", 0.05, "sanity"))  # a tolerance
+    assert not needs_control(c("~", 0.0, "sanity"))  # exact equality fails at any difference
+    assert needs_control(c(">", -0.05)) and needs_control(c("<", -0.05))  # non-inferiority
+    assert not needs_control(c(">", -0.05, "sanity"))  # only paper claims are judged so
+    assert not needs_control(c(">", 0.0)) and not needs_control(c(">=", 0.0))

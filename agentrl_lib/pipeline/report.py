@@ -14,8 +14,8 @@ Each row shows the claim's ``kind`` (results.json files written before kinds exi
 paper's claims reproduce. A ``post_hoc`` claim (its margin set after seeing results) is marked. A
 claim with a negative control shows the control's value and whether it failed the claim's rule.
 A claim that holds in every seed is reported as 'not evidence' instead of 'holds' when its control
-passes too in some seed, or when it needs a control and has none: every agreement claim ('~') and
-every non-inferiority ``paper`` claim ('>' or '<' with a negative margin, the encoding
+passes too in some seed, or when it needs a control and has none: every agreement claim within a
+tolerance ('~' with a margin > 0; an exact equality needs none) and every non-inferiority ``paper`` claim ('>' or '<' with a negative margin, the encoding
 ``results.claim`` asks for). A paper claim counts as reproduced when it holds in every seed and is
 evidence.
 
@@ -82,11 +82,12 @@ UNKNOWN_KIND = "unknown"
 
 
 def needs_control(c: dict) -> bool:
-    """Agreement ('~') claims, and non-inferiority paper claims (a negative margin on '>' or '<'),
-    pass for an arm that does nothing different; only a failing negative control makes them
-    evidence."""
+    """Agreement claims within a tolerance ('~' with a margin > 0), and non-inferiority paper
+    claims (a negative margin on '>' or '<'), pass for an arm that does nothing different; only a
+    failing negative control makes them evidence. An exact equality ('~' with margin 0) fails at
+    any difference, so it needs none."""
     if c.get("direction") == "~":
-        return True
+        return (c.get("margin") or 0.0) > 0
     return (c.get("kind") == "paper" and c.get("direction") in (">", "<")
             and (c.get("margin") or 0.0) < 0)
 
