@@ -25,7 +25,7 @@ from agentrl_lib.algorithms.grpo import GRPOConfig, completion_sampler, evaluate
 GRPO_BASE = "GRPO"
 
 
-CONTROL = "lr = 0 (control)"
+CONTROL = "control (lr 0)"
 
 
 def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
