@@ -348,24 +348,30 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
 
 
 # --- advantages and the update -------------------------------------------------------------------
-def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None) -> Batch:
+def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
+               credit_fn=None) -> Batch:
     """The batch with ``advantages`` set and the rows the update should not see removed.
 
     Single-turn: DAPO's overlong penalty is added to the rewards (then ``rollout/reward`` is the
     shaped mean), ``core.group_advantages`` of the (num_prompts, group_size) rewards, then overlong
-    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``
-    spread over each turn's action tokens (``credit.to_token_advantages``), (B, T).
+    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``,
+    or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
+    progress model: any turn-level estimator, which may update its own state on the batch), spread
+    over each turn's action tokens (``credit.to_token_advantages``), (B, T).
     ``rollout/kept_frac`` is the fraction of rows kept.
     """
     g, metrics = batch.seqs, dict(batch.metrics)
     if batch.episodes is not None:
         if cfg.overlong_buffer > 0 or cfg.overlong_filter:
             raise ValueError("overlong_buffer and overlong_filter are single-turn options")
-        tok_adv = credit.to_token_advantages(batch.episodes, turn_advantages(batch.episodes, cfg))
+        turn_adv = (credit_fn or (lambda eps: turn_advantages(eps, cfg)))(batch.episodes)
+        tok_adv = credit.to_token_advantages(batch.episodes, turn_adv)
         T = g.completion_ids.shape[1]
         adv = torch.stack([F.pad(a, (0, T - len(a))) for a in tok_adv]).to(g.logps.device)  # (B, T)
         rewards = batch.rewards
     else:
+        if credit_fn is not None:
+            raise ValueError("credit_fn is a multi-turn option (the batch has no episodes)")
         rewards = batch.rewards
         if cfg.overlong_buffer > 0:
             lengths = g.completion_mask.sum(-1)
@@ -448,15 +454,16 @@ def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=Non
 
 
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
-          on_step=None, eos_id: int | None = None) -> list[dict]:
+          on_step=None, eos_id: int | None = None, credit_fn=None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
-    ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``. Returns the logged rows (``loop``)."""
+    ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
+    estimator (``advantages``). Returns the logged rows (``loop``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
     def update_fn(batch: Batch) -> dict:
-        batch = advantages(batch, cfg, eos_id)
+        batch = advantages(batch, cfg, eos_id, credit_fn)
         return {**batch.metrics, **update(model, opt, batch, cfg, ref_model)}
 
     return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentrl_lib.algorithms.dp import q_from_v, value_iteration
+from agentrl_lib.envs import make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.text_tasks import make_problems, reference_completion
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
@@ -106,7 +106,7 @@ class SFTConfig:
 
 # Fields added after FORMAT_VERSION 1 enter a config's identity (cache key, recorded config) only
 # when set, so checkpoints cached before they existed stay valid.
-_ADDED_FIELDS = {"direct_fraction": 0.0}
+_ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid"}
 
 
 def _identity(cfg) -> dict:
@@ -143,25 +143,16 @@ def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
 
 # --- agent SFT on a scripted policy -----------------------------------------------------------------
 def scripted_policy(epsilon: float, rng: np.random.Generator):
-    """A ``play_episodes`` policy for an env with an exact tabular form per task (``GridAgentEnv``):
-    with probability 1 - epsilon one of the optimal moves (uniformly among ties, from the task's
-    exact Q*), else a uniformly random move."""
-    qcache = {}
-
+    """A ``play_episodes`` policy for an env with ``expert_actions()`` (the multi-turn protocol):
+    with probability 1 - epsilon one of the optimal actions (uniformly among ties), else a
+    uniformly random action of ``env.actions``."""
     def act(envs, observations):
         out = []
         for env in envs:
             if rng.random() < epsilon:
                 out.append(int(rng.integers(len(env.actions))))
                 continue
-            key = env.task
-            if key not in qcache:
-                mdp = env.tabular_form(*env.task)
-                v, _, _, _ = value_iteration(mdp)
-                qcache[key] = q_from_v(mdp, v).numpy()
-            q = qcache[key][env.state_index()]  # (A,) in tabular order
-            qt = np.array([q[env.action_index(a)] for a in env.actions])  # text order
-            best = np.flatnonzero(qt >= qt.max() - 1e-9)
+            best = np.array([env.actions.index(a) for a in env.expert_actions()])
             out.append(int(rng.choice(best)))
         return out
     return act
@@ -172,7 +163,7 @@ class AgentSFTConfig:
     size: str = "tiny-64"
     """named model size (tiny_lm.SIZES)"""
     env_kwargs: dict = field(default_factory=dict)
-    """GridAgentEnv(**env_kwargs) of the demonstrations (layout, max_turns, ...)"""
+    """``envs.AGENT_ENVS[env](**env_kwargs)`` plays the demonstrations (layout, max_turns, ...)"""
     epsilon: float = 0.3
     """the scripted policy's random-move probability (its demonstrations are imitated, noise too)"""
     num_episodes: int = 2000
@@ -186,7 +177,10 @@ class AgentSFTConfig:
     """AdamW, linear warm-up over 5% then cosine decay (as train_sft); 3e-3 stalls at the
     format (uniform over the moves) on the grid, 1e-3 learns to read the position"""
     system_prompt: str = GridAgentEnv.system_prompt
+    """give the environment's own (``env.system_prompt``) for another env than the grid"""
     seed: int = 0
+    env: str = "grid"
+    """the environment (a key of ``envs.AGENT_ENVS``; it needs ``expert_actions``)"""
 
 
 def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
@@ -194,7 +188,7 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
     tokens only). Returns (model, tokenizer, [(step, loss)])."""
     model, tok = new_model(cfg.size, seed=cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    make_env = lambda: GridAgentEnv(**cfg.env_kwargs)  # noqa: E731
+    make_env = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
     seeds = [cfg.seed_offset + i for i in range(cfg.num_episodes)]
     eps = play_episodes(make_env, scripted_policy(cfg.epsilon, rng), seeds, 1, cfg.max_turns)
     text_episodes_to_tokens(tok, eps, cfg.system_prompt)

@@ -10,6 +10,10 @@ oracles), ``valid`` (whether the action text parsed to a legal action), ``error`
 None) and the task's ground truth. A malformed action never raises: it gets an error observation,
 leaves the state unchanged, costs ``invalid_penalty`` and is counted in ``env.num_invalid``.
 
+Optional: ``env.expert_actions()`` lists the optimal actions (texts of ``env.actions``, in that
+order; ties all listed) in the current state, from the environment's exact tabular form: the
+scripted demonstrator of ``sft.scripted_policy`` that agent SFT bases imitate.
+
 Optional: ``env.seed_dynamics(seed)`` after ``reset`` reseeds the episode's transition noise (slips)
 without changing the task: ``play_episodes`` gives the members of a group (same task seed) distinct
 noise streams, as independent rollouts of one task would have.
@@ -81,6 +85,7 @@ class GridAgentEnv:
         self.kw = dict(slip=slip, step_reward=step_reward, goal_reward=goal_reward, gamma=gamma,
                        max_steps=max_turns)
         self._mdps: dict[tuple, TabularMDP] = {}
+        self._q: dict[tuple, np.ndarray] = {}
         self._rng = np.random.default_rng()
         self.num_invalid = 0
         self.task = None
@@ -98,6 +103,19 @@ class GridAgentEnv:
             grid[goal[0]][goal[1]] = "G"
             self._mdps[key] = gridworld(["".join(r) for r in grid], **self.kw)
         return self._mdps[key]
+
+    def expert_actions(self) -> list[str]:
+        """The optimal moves from the current cell (ties all listed, in ``actions`` order), by the
+        task's exact Q* (value iteration on ``tabular_form``)."""
+        if self.task not in self._q:
+            from agentrl_lib.algorithms.dp import q_from_v, value_iteration
+
+            mdp = self.tabular_form(*self.task)
+            v, _, _, _ = value_iteration(mdp)
+            self._q[self.task] = q_from_v(mdp, v).numpy()
+        q = self._q[self.task][self.state_index()]  # (A,) in tabular order
+        qt = np.array([q[self.action_index(a)] for a in self.actions])  # text order
+        return [self.actions[i] for i in np.flatnonzero(qt >= qt.max() - 1e-9)]
 
     @staticmethod
     def action_index(action: str) -> int:
