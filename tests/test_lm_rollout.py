@@ -156,7 +156,7 @@ def test_recomputed_logps_equal_sampling_logps(moving_lm):
     eps = lm_rollout(model, tok, make_env(), [0, 1, 2], 4, 4, 6, temperature=1.0,
                      generator=torch.Generator().manual_seed(2))
     logps, ents, mask = episode_logps(model, eps)
-    padded = pad_episodes(eps, tok.pad_token_id)
+    padded = pad_episodes(eps, tok.pad_token_id, "cpu")
     old = padded.logps
     assert torch.equal(mask, padded.loss_mask) and logps.requires_grad
     assert mask.sum() == sum(sum(ep.loss_mask) for ep in eps)
@@ -170,7 +170,7 @@ def test_recomputed_logps_equal_sampling_logps(moving_lm):
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, temperature=0.7,
                      generator=torch.Generator().manual_seed(3))
     logps, _, _ = episode_logps(model, eps, temperature=0.7)
-    torch.testing.assert_close(logps, pad_episodes(eps, 0).logps, atol=2e-5, rtol=0)
+    torch.testing.assert_close(logps, pad_episodes(eps, 0, "cpu").logps, atol=2e-5, rtol=0)
 
 
 def test_sampled_distribution_batched_vs_naive(moving_lm):
@@ -247,7 +247,7 @@ def test_training_step_changes_params_and_advantages(moving_lm):
 def test_loss_zero_advantage_is_zero_and_gradient_only_from_masked_tokens(moving_lm):
     model, tok = moving_lm
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, generator=torch.Generator().manual_seed(6))
-    g = pad_episodes(eps, tok.pad_token_id)
+    g = pad_episodes(eps, tok.pad_token_id, "cpu")
     cfg = GRPOConfig(loss_agg="token_mean")
     logps, _, m = episode_logps(model, eps)
     loss, _ = grpo.policy_loss(logps, g.logps, torch.zeros_like(logps), g.loss_mask, cfg)
@@ -279,3 +279,36 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     assert cfg == AgentSFTConfig(env_kwargs=cfg.env_kwargs, epsilon=p["sft_epsilon"],
                                  steps=p["sft_steps"], max_turns=p["max_turns"])
     assert cli.main(["cache", "no-such-model"]) == 2
+
+
+def test_credit_fn_replaces_the_turn_estimator(moving_lm):
+    """``grpo.advantages(..., credit_fn=)``: turn t of every episode gets exactly what the plug
+    returned for it, on each of its action tokens, and 0 on the environment's tokens."""
+    model, tok = moving_lm
+    cfg = GRPOConfig(num_prompts=2, group_size=3, max_turns=4, max_new_tokens=6)
+    batch = grpo.episode_sampler(tok, make_env(), list(range(10)), cfg)(model)
+    seen = []
+
+    def plug(episodes):
+        seen.append(len(episodes))
+        return [np.arange(1.0, len(ep) + 1) for ep in episodes]  # turn t -> t + 1
+
+    out = grpo.advantages(batch, cfg, credit_fn=plug)
+    assert seen == [6] and out.advantages.shape == batch.seqs.completion_ids.shape
+    for row, ep in zip(out.advantages, batch.episodes):
+        want = torch.zeros(row.shape[0])
+        for t, (s, e) in enumerate(ep.turn_spans):
+            want[s:e] = t + 1
+        assert torch.equal(row, want)
+    with pytest.raises(ValueError, match="multi-turn"):
+        single = grpo.Batch(batch.seqs, batch.rewards)  # no episodes: a single-turn batch
+        grpo.advantages(single, cfg, credit_fn=plug)
+
+
+def test_make_agent_env_names_the_choices():
+    from agentrl_lib.envs import AGENT_ENVS, make_agent_env
+
+    assert isinstance(make_agent_env("grid", layout=LAYOUT), GridAgentEnv)
+    with pytest.raises(ValueError, match="unknown agent environment 'maze'.*grid"):
+        make_agent_env("maze")
+    assert set(AGENT_ENVS) >= {"grid", "twenty_questions", "shop"}

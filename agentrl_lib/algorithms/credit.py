@@ -34,9 +34,9 @@ def episode_returns_to_go(episodes, gamma: float) -> list[np.ndarray]:
     ``core.discounted_returns`` call on the rewards right-padded with zeros to (B, T) (float64;
     the padding adds exactly 0 to every real return)."""
     T = max((len(ep) for ep in episodes), default=0)
-    r = torch.zeros(len(episodes), T, dtype=torch.float64)  # (B, T)
+    r = torch.zeros(len(episodes), T, dtype=torch.float64, device="cpu")  # (B, T) host numerics
     for i, ep in enumerate(episodes):
-        r[i, :len(ep)] = torch.tensor(ep.rewards, dtype=torch.float64)
+        r[i, :len(ep)] = torch.tensor(ep.rewards, dtype=torch.float64, device="cpu")
     g = discounted_returns(r, gamma).numpy()  # (B, T)
     return [g[i, :len(ep)] for i, ep in enumerate(episodes)]
 
@@ -118,13 +118,14 @@ def turn_gae(episodes, values, gamma: float = 0.95, lam: float = 0.95,
         if T == 0:
             out.append(np.zeros(0))
             continue
-        r = torch.tensor(ep.rewards, dtype=torch.float64)[None]  # (1, T)
-        v_t = torch.as_tensor(np.asarray(v, dtype=np.float64))[None]  # (1, T)
-        done = torch.zeros(1, T, dtype=torch.float64)
+        host = dict(dtype=torch.float64, device="cpu")
+        r = torch.tensor(ep.rewards, **host)[None]  # (1, T)
+        v_t = torch.as_tensor(np.asarray(v, dtype=np.float64), **host)[None]  # (1, T)
+        done = torch.zeros(1, T, **host)
         v_last = 0.0 if last_values is None else float(last_values[i])
         if not ep.truncated:
             done[0, -1] = 1.0
-        adv, _ = gae_advantages(r, v_t, done, torch.tensor([v_last], dtype=torch.float64),
+        adv, _ = gae_advantages(r, v_t, done, torch.tensor([v_last], **host),
                                 gamma, lam)
         out.append(adv[0].numpy())
     return out
@@ -137,7 +138,7 @@ def to_token_advantages(episodes, turn_advantages) -> list[torch.Tensor]:
     for ep, adv in zip(episodes, turn_advantages):
         if ep.turn_spans is None:
             raise ValueError("to_token_advantages needs token-level episodes (turn_spans is None)")
-        tok = torch.zeros(len(ep.token_ids))
+        tok = torch.zeros(len(ep.token_ids), device="cpu")
         for (start, end), a in zip(ep.turn_spans, adv):
             tok[start:end] = float(a)
         out.append(tok)

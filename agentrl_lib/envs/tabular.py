@@ -89,11 +89,12 @@ class TabularMDP:
 
 
 def _finish(P, R, gamma, init, terminal, **kw) -> TabularMDP:
-    P, R = torch.as_tensor(P, dtype=DTYPE), torch.as_tensor(R, dtype=DTYPE)
-    init = torch.as_tensor(init, dtype=DTYPE)
-    terminal = torch.as_tensor(terminal, dtype=torch.bool)
+    host = dict(device="cpu")  # tabular numerics live on the host
+    P, R = torch.as_tensor(P, dtype=DTYPE, **host), torch.as_tensor(R, dtype=DTYPE, **host)
+    init = torch.as_tensor(init, dtype=DTYPE, **host)
+    terminal = torch.as_tensor(terminal, dtype=torch.bool, **host)
     if kw.get("R_next") is not None:
-        kw["R_next"] = torch.as_tensor(kw["R_next"], dtype=DTYPE)
+        kw["R_next"] = torch.as_tensor(kw["R_next"], dtype=DTYPE, **host)
     return TabularMDP(P=P, R=R, gamma=gamma, init=init / init.sum(), terminal=terminal, **kw)
 
 
