@@ -135,18 +135,25 @@ def cmd_cache(args) -> int:
 
     import torch
 
-    torch.set_num_threads(1)  # tiny models: one thread is as fast when idle, far faster when busy
-
     from agentrl_lib.algorithms.sft import BASE_MODELS, checkpoint
 
-    names = args.names or list(BASE_MODELS)
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        torch.set_num_threads(1)  # tiny models: as fast as more threads when idle, faster when busy
+    names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
+    if not args.names and len(names) < len(BASE_MODELS):
+        print("no GPU: skipping the GPU-trained bases "
+              + ", ".join(n for n in BASE_MODELS if n not in names))
     unknown = [n for n in names if n not in BASE_MODELS]
     if unknown:  # unknown names fail before any training
         raise PipelineError(f"unknown model name(s) {', '.join(map(repr, unknown))}; known: "
                             f"{', '.join(BASE_MODELS)}")
     for name in names:
         t0 = time.time()
-        path = checkpoint(BASE_MODELS[name], verbose=not args.quiet)
+        try:
+            path = checkpoint(BASE_MODELS[name], verbose=not args.quiet)
+        except ValueError as e:  # e.g. a GPU base asked for on a machine without one
+            raise PipelineError(f"{name}: {e}") from None
         print(f"{name}: {path} ({time.time() - t0:.1f} s)")
     return 0
 

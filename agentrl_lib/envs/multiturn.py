@@ -106,13 +106,9 @@ class GridAgentEnv:
 
     def expert_actions(self) -> list[str]:
         """The optimal moves from the current cell (ties all listed, in ``actions`` order), by the
-        task's exact Q* (value iteration on ``tabular_form``)."""
+        task's exact Q* (``TabularMDP.optimal_q`` of ``tabular_form``)."""
         if self.task not in self._q:
-            from agentrl_lib.algorithms.dp import q_from_v, value_iteration
-
-            mdp = self.tabular_form(*self.task)
-            v, _, _, _ = value_iteration(mdp)
-            self._q[self.task] = q_from_v(mdp, v).numpy()
+            self._q[self.task] = self.tabular_form(*self.task).optimal_q().numpy()
         q = self._q[self.task][self.state_index()]  # (A,) in tabular order
         qt = np.array([q[self.action_index(a)] for a in self.actions])  # text order
         return [self.actions[i] for i in np.flatnonzero(qt >= qt.max() - 1e-9)]
