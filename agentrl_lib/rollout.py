@@ -278,6 +278,45 @@ def _decode(model, state: _Cache, logits: Tensor, max_new_tokens: int, temperatu
 
 
 @torch.no_grad()
+def action_logps(model, tokenizer, contexts: list[list[int]], actions: list[str],
+                 batch_size: int = 64) -> Tensor:
+    """log p(a | context) of each action text followed by the end-of-turn token, for every context
+    (token ids ending where the answer starts: a ``prompt_text``, or a conversation up to a turn),
+    at temperature 1: the sum of the action's next-token log-probs. Each context is encoded once;
+    its cache is repeated for the actions, whose tokens (all but the last) are fed left-padded.
+    Returns (N, A) float64 on the host."""
+    device = next(model.parameters()).device
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    conts = [token_ids(tokenizer, a) + [eos] for a in actions]
+    A, C = len(actions), max(len(c) for c in conts) - 1
+    out = torch.zeros(len(contexts), A, dtype=torch.float64, device="cpu")
+    for i in range(0, len(contexts), batch_size):
+        chunk = contexts[i:i + batch_size]
+        B = len(chunk)
+        state = _Cache()
+        first = torch.log_softmax(_feed(model, state, chunk, pad).float(), -1)  # (B, V)
+        state.kv.batch_repeat_interleave(A)  # row b * A + a: context b, action a
+        attn = state.attn.repeat_interleave(A, 0)  # (B*A, L)
+        next_pos = state.next_pos.repeat_interleave(A, 0)  # (B*A,)
+        ids = torch.full((B * A, C), pad, dtype=torch.long, device=device)
+        seg = torch.zeros(B * A, C, dtype=torch.long, device=device)
+        for a, c in enumerate(conts):
+            if len(c) > 1:
+                ids[a::A, C - len(c) + 1:] = torch.tensor(c[:-1], dtype=torch.long, device=device)
+                seg[a::A, C - len(c) + 1:] = 1
+        pos = (next_pos[:, None] + seg.cumsum(-1) - 1).clamp(min=0)  # (B*A, C) real tokens only
+        logits = model(input_ids=ids, attention_mask=torch.cat([attn, seg], 1), position_ids=pos,
+                       past_key_values=state.kv, use_cache=True).logits  # (B*A, C, V)
+        lp = torch.log_softmax(logits.float(), -1)
+        for a, c in enumerate(conts):
+            m = len(c) - 1  # the fed tokens at positions C - m .. C - 1 predict c[1:]
+            tgt = torch.tensor(c[1:], dtype=torch.long, device=device).expand(B, m)  # (B, m)
+            rest = lp[a::A, C - m:].gather(-1, tgt[..., None]).squeeze(-1).sum(-1)  # (B,)
+            out[i:i + B, a] = (first[:, c[0]] + rest).to(device="cpu", dtype=torch.float64)
+    return out
+
+
+@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
              temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None) -> Generation:

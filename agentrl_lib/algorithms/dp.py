@@ -103,21 +103,26 @@ def policy_iteration(mdp: TabularMDP, pi: Tensor | None = None, max_iters: int =
 
 
 def finite_horizon_advantages(mdp, pi, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact A^pi_t(s, a) and V^pi_t(s) of a stationary policy pi (S, A) when the episode is cut
-    after ``horizon`` turns. With h = horizon - t turns left:
+    """Exact A^pi_t(s, a) and V^pi_t(s) of a policy pi when the episode is cut after ``horizon``
+    turns. With h = horizon - t turns left:
 
         V_0 = 0,  Q_h(s, a) = R(s, a) + gamma sum_s' P(s'|s, a) V_{h-1}(s')  (0 at terminals),
-        V_h(s) = sum_a pi(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
+        V_h(s) = sum_a pi_t(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
 
+    pi: (S, A) stationary, or (H, S, A) one policy per turn t = 0..H-1 (an agent that reads the
+    turn counter, e.g. an LM whose observation says "Turn t/H").
     Returns (A, V) of shapes (H, S, A) and (H, S), indexed by the turn t = 0..H-1.
     """
     pi = torch.as_tensor(pi, dtype=torch.float64, device=mdp.P.device)
+    if pi.dim() == 3 and pi.shape[0] != horizon:
+        raise ValueError(f"a per-turn policy needs {horizon} rows, got {pi.shape[0]}")
     live = (~mdp.terminal).to(torch.float64)  # (S,)
     v = torch.zeros(mdp.num_states, dtype=torch.float64, device=mdp.P.device)
     adv, val = [], []
-    for _ in range(horizon):
+    for h in range(1, horizon + 1):
+        pi_t = pi[horizon - h] if pi.dim() == 3 else pi  # (S, A) at turn t = H - h
         q = (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live[:, None]  # (S, A)
-        v = (pi * q).sum(-1)  # (S,)
+        v = (pi_t * q).sum(-1)  # (S,)
         adv.append(q - v[:, None])
         val.append(v)
     return torch.stack(adv[::-1]), torch.stack(val[::-1])  # (H, S, A), (H, S)
