@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from agentrl_lib.envs import make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
 from agentrl_lib.envs.text_tasks import make_problems, reference_completion
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
 from agentrl_lib.models.tiny_lm import new_model
@@ -211,6 +212,12 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# tq-agent-tiny: TwentyQuestions with 4 items (two questions identify one), a useless third question
+# and 3 turns, brief observations; imitates the epsilon = 0.5 scripted policy, whose exact success is
+# 0.583 (optimal play: 1.0, uniform actions: 0.370): the LM start of notebook 32's last part.
+TQ_AGENT_GAME = dict(items=["dog", "eagle", "car", "airplane"],
+                     attributes=["alive", "able to fly", "edible"], max_turns=3, brief=True)
+"""the TwentyQuestions game of ``tq-agent-tiny`` (``TwentyQuestionsEnv(**TQ_AGENT_GAME)``)"""
 BASE_MODELS = {
     "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
@@ -220,6 +227,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
+                                    system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
+                                    steps=400, max_turns=3, lr=1e-3),
 }
 
 
