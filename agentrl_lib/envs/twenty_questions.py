@@ -261,9 +261,11 @@ class TwentyQuestionsEnv:
         every Q* tie listed), by the exact recursion ``optimal_values`` at the env's gamma.
 
         >>> env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"],
-        ...                          attributes=["alive", "able to fly", "edible"], max_turns=2)
-        >>> _ = env.reset(seed=0, item="dog"); env.expert_actions()  # any guess: 1/4 + 3/4 * 1/3
-        ['Is it a dog?', 'Is it an eagle?', 'Is it a car?', 'Is it an airplane?']
+        ...                          attributes=["alive", "able to fly", "edible"], max_turns=3)
+        >>> _ = env.reset(seed=0, item="dog"); env.expert_actions()  # two questions, then win
+        ['Is it alive?', 'Is it able to fly?']
+        >>> _ = env.step("Is it alive?"); env.expert_actions()  # dog or eagle: ask, or guess one
+        ['Is it able to fly?', 'Is it a dog?', 'Is it an eagle?']
         """
         if self.item is None:
             raise RuntimeError("call reset() before expert_actions()")
