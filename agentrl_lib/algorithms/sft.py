@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from agentrl_lib.envs import AGENT_ENVS, make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
+from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
 from agentrl_lib.models.tiny_lm import SIZES, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, pad_examples, play_episodes, \
@@ -314,6 +315,14 @@ def train_pretrain(cfg: PretrainConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# tq-agent-tiny: TwentyQuestions with 4 items (two questions identify one), a useless third question
+# and 3 turns, brief observations; imitates the epsilon = 0.5 scripted policy, whose exact success is
+# 0.583 (optimal play: 1.0, uniform actions: 0.370): the LM start of notebook 32's last part. 800
+# steps at lr 2e-3 (about 2 min on 2 free cores): sampled success 0.39 (invalid turns 5%), greedy
+# 1.0 on a 64-seed panel; 400 steps at 1e-3 left half the sampled turns malformed.
+TQ_AGENT_GAME = dict(items=["dog", "eagle", "car", "airplane"],
+                     attributes=["alive", "able to fly", "edible"], max_turns=3, brief=True)
+"""the TwentyQuestions game of ``tq-agent-tiny`` (``TwentyQuestionsEnv(**TQ_AGENT_GAME)``)"""
 # *-medium: the gpu profiles' starts, a 34M-parameter model pretrained on a GPU (about 1M tokens
 # a step budget of 4000 x 128 documents; minutes on one H100, never built on the CPU) and then
 # fine-tuned like the tiny bases; the SFT settings are the tiny ones at a lower lr (not tuned).
@@ -327,6 +336,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
+                                    system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
+                                    steps=800, max_turns=3, lr=2e-3),
     "pretrain-medium": PretrainConfig(size="medium-512", device="cuda"),
     "arith-medium": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_MEDIUM),
     "chain-mix-medium": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
