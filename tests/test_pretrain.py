@@ -1,6 +1,8 @@
 """Pretraining on the project's corpora (``sft.PretrainConfig``) and SFT bases that start from a
 checkpoint (``init``): the documents, the cache, the hand-over of weights, and the clear refusals."""
 
+import json
+
 import pytest
 import torch
 
@@ -72,3 +74,24 @@ def test_medium_size_is_tens_of_millions():
     with torch.device("meta"):  # count without allocating
         n = sum(p.numel() for p in Qwen2ForCausalLM(model_config("medium-512")).parameters())
     assert 20e6 < n < 60e6 and SIZES["medium-512"]["num_hidden_layers"] == 8
+
+
+def test_shipped_bases_are_current_and_fill_the_cache(cache, monkeypatch):
+    """Every folder under bases/ is the checkpoint of a base of ``BASE_MODELS`` as configured now
+    (a stale one fails here), and a cache miss is filled from it without training."""
+    shipped = sorted(p for p in sft.SHIPPED.iterdir() if p.is_dir()) if sft.SHIPPED.is_dir() else []
+    by_folder = {sft.checkpoint_path(c).name: (n, c) for n, c in sft.BASE_MODELS.items()}
+    assert shipped, "no shipped bases: make test would train every base"
+    for folder in shipped:
+        assert folder.name in by_folder, f"{folder.name} is no base of BASE_MODELS now: remove it"
+        name, cfg = by_folder[folder.name]
+        assert sft._recorded(folder) == json.loads(json.dumps(sft._identity(cfg), default=list)), name
+    name, cfg = by_folder[shipped[0].name]
+
+    def no_training(*a, **k):
+        raise AssertionError("trained although a shipped base matches")
+    monkeypatch.setattr(sft, "train_sft", no_training)
+    monkeypatch.setattr(sft, "train_agent_sft", no_training)
+    path = sft.checkpoint(cfg, verbose=False)
+    assert path.parent == cache / "sft"
+    assert (path / "model.safetensors").read_bytes() == (shipped[0] / "model.safetensors").read_bytes()

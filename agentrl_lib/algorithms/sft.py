@@ -35,7 +35,8 @@ from agentrl_lib.envs import AGENT_ENVS, make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
-from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
+from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
+    save_checkpoint
 from agentrl_lib.models.tiny_lm import SIZES, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, pad_examples, play_episodes, \
     text_episodes_to_tokens
@@ -369,8 +370,20 @@ def checkpoint_path(cfg) -> Path:
     return cache_root() / "sft" / f"{cfg.size}-{cfg.task}-{config_key(cfg)}"
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "bases"
+"""the small bases shipped in the repository (``agentrl cache --ship NAME`` writes them; a few
+hundred kB each): a missing cache entry is copied from here when its recorded config is the
+config's, instead of being trained (which gives the same weights: the builds are deterministic)"""
+
+
+def _recorded(folder: Path) -> dict | None:
+    meta = folder / "agentrl_sft.json"
+    return json.loads(meta.read_text())["config"] if meta.is_file() else None
+
+
 def checkpoint(cfg, verbose: bool = True) -> Path:
-    """The cached checkpoint folder for ``cfg``, trained first when missing or unusable."""
+    """The cached checkpoint folder for ``cfg``: copied from ``SHIPPED`` or trained first when
+    missing or unusable."""
     path = checkpoint_path(cfg)
     meta = path / "agentrl_sft.json"
     recorded_config = json.loads(json.dumps(_identity(cfg), default=list))
@@ -388,6 +401,8 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
             print(f"cached SFT model at {path} is unusable: {problem}; rebuilding it")
     elif path.exists() and verbose:
         print(f"cached SFT model at {path} is incomplete; rebuilding it")
+    if _recorded(SHIPPED / path.name) == recorded_config:
+        return install_folder(SHIPPED / path.name, path)
     if verbose:
         print(f"training the SFT base model {cfg} (cached at {path} afterwards)")
     t0 = time.time()
