@@ -279,3 +279,23 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     assert cfg == AgentSFTConfig(env_kwargs=cfg.env_kwargs, epsilon=p["sft_epsilon"],
                                  steps=p["sft_steps"], max_turns=p["max_turns"])
     assert cli.main(["cache", "no-such-model"]) == 2
+
+
+def test_notebook_31_lm_start_is_a_cached_named_base():
+    """Notebook 31's LM part starts from ``sft.BASE_MODELS[lm_base]`` in every profile, and
+    ``make test`` builds that base before the notebooks run (else ci pays minutes to train it)."""
+    from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
+    from agentrl_lib.envs.multiturn import GridAgentEnv
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+
+    root = repo_root()
+    info = load_notebook(root / "notebooks" / "31_gigpo.ipynb", root)
+    names = {info.params["lm_base"].default} | {
+        over["lm_base"] for over in info.profiles.values() if "lm_base" in over}
+    make_cache = next(line for line in (root / "Makefile").read_text().splitlines()
+                      if "agentrl cache" in line).split()
+    for name in names:
+        cfg = BASE_MODELS[name]
+        assert isinstance(cfg, AgentSFTConfig) and cfg.env == "grid" and name in make_cache
+        env = GridAgentEnv(**cfg.env_kwargs)
+        assert (env.rows, env.cols) > (3, 3) and cfg.max_turns == env.max_turns

@@ -211,6 +211,10 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# grid5-agent-tiny: the LM part of notebook 31 (GiGPO vs GRPO): a 5x5 grid with three walls and a
+# turn cap of 10, so a group's episodes revisit cells (anchor groups beyond the first turn). 300
+# steps of 8 conversations (long ones: up to 10 turns of ~125 characters) keep the build to a few
+# CPU minutes and leave a weak start (panel success measured in notebook 31), room for RL.
 BASE_MODELS = {
     "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
@@ -220,6 +224,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "grid5-agent-tiny": AgentSFTConfig(
+        env_kwargs=dict(layout=[".....", ".#.#.", ".....", "..#..", "....."], max_turns=10),
+        epsilon=0.3, steps=300, batch_size=8, max_turns=10, lr=1e-3),
 }
 
 
