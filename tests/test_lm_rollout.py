@@ -312,3 +312,49 @@ def test_make_agent_env_names_the_choices():
     with pytest.raises(ValueError, match="unknown agent environment 'maze'.*grid"):
         make_agent_env("maze")
     assert set(AGENT_ENVS) >= {"grid", "twenty_questions", "shop"}
+
+
+def test_notebook_31_lm_start_is_a_cached_named_base():
+    """Notebook 31's LM part starts from ``sft.BASE_MODELS[lm_base]`` in every profile, and
+    ``make test`` builds that base before the notebooks run (else ci pays minutes to train it)."""
+    from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
+    from agentrl_lib.envs.multiturn import GridAgentEnv
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+
+    root = repo_root()
+    info = load_notebook(root / "notebooks" / "31_gigpo.ipynb", root)
+    names = {info.params["lm_base"].default} | {
+        over["lm_base"] for over in info.profiles.values() if "lm_base" in over}
+    make_cache = next(line for line in (root / "Makefile").read_text().splitlines()
+                      if "agentrl cache" in line).split()
+    for name in names:
+        cfg = BASE_MODELS[name]
+        assert isinstance(cfg, AgentSFTConfig) and cfg.env == "grid" and name in make_cache
+        env = GridAgentEnv(**cfg.env_kwargs)
+        assert (env.rows, env.cols) > (3, 3) and cfg.max_turns == env.max_turns
+
+
+def test_agent_sft_init_fine_tunes_a_named_base(tmp_path, monkeypatch):
+    """``AgentSFTConfig.init``: the named base's checkpoint is the start (lr = 0 leaves it
+    unchanged), its cache key is part of the child's identity, and a wrong start is refused."""
+    from agentrl_lib.algorithms import sft
+    from agentrl_lib.algorithms.sft import AgentSFTConfig
+
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
+    kw = dict(env_kwargs=dict(layout=["...", "..."], max_turns=2), num_episodes=4, max_turns=2,
+              batch_size=2)
+    parent = AgentSFTConfig(steps=1, **kw)
+    monkeypatch.setitem(sft.BASE_MODELS, "test-parent", parent)
+    child = AgentSFTConfig(steps=1, lr=0.0, init="test-parent", seed=3, **kw)
+    model, _, _ = sft.train_agent_sft(child, verbose=False)
+    start, _ = sft.load_base(parent)
+    for (name, a), b in zip(model.state_dict().items(), start.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the identity carries the start's key: another start is another cache entry
+    assert sft._identity(child)["init"] == f"test-parent@{sft.config_key(parent)}"
+    assert "init" not in sft._identity(parent)  # an unset init leaves old cache keys alone
+    key = sft.config_key(child)
+    monkeypatch.setitem(sft.BASE_MODELS, "test-parent", AgentSFTConfig(steps=2, **kw))
+    assert sft.config_key(child) != key  # a changed start changes the child's key
+    with pytest.raises(ValueError, match="size 'small-128'"):
+        sft.train_agent_sft(AgentSFTConfig(size="small-128", init="test-parent", **kw), verbose=False)

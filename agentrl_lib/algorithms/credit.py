@@ -12,6 +12,7 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
   the same state, each scored by its discounted return-to-go. Taken from the paper: A = A^E +
   omega * A^S, gamma = 0.95, omega = 1, normalisation by the group std or by 1 ("mean_norm").
   Inferred: a singleton anchor group gets A^S = 0 and std uses ddof=1 (as the episode groups).
+  ``anchor_share`` is the fraction of turns in groups of two or more (where A^S can be nonzero).
 - ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
   ``archer.py``, SPA-RL's progress model in ``spa.py``).
 
@@ -82,6 +83,23 @@ def anchor_groups(episodes, key=None) -> dict:
         for t in range(len(ep)):
             groups[(ep.group_id, key(ep, t))].append((i, t))
     return dict(groups)
+
+
+def anchor_share(episodes, key=None, min_size: int = 2) -> float:
+    """The fraction of the batch's turns that sit in an anchor group (``anchor_groups``) of at
+    least ``min_size`` turns: where GiGPO's step term can be nonzero (a singleton group gets
+    A^S = 0, so on the other turns GiGPO is GRPO). 0.0 for a batch without turns.
+
+    >>> from agentrl_lib.rollout import Episode
+    >>> eps = [Episode.of(["s", "x"], [0, 1]), Episode.of(["s", "y", "z"], [0, 0, 0])]
+    >>> anchor_share(eps)  # the two turns from s of 5
+    0.4
+    """
+    turns = sum(len(ep) for ep in episodes)
+    if turns == 0:
+        return 0.0
+    shared = sum(len(m) for m in anchor_groups(episodes, key).values() if len(m) >= min_size)
+    return shared / turns
 
 
 def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,

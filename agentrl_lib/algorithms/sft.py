@@ -120,8 +120,18 @@ _ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "c
 
 
 def _identity(cfg) -> dict:
-    return {k: v for k, v in asdict(cfg).items()
-            if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+    out = {k: v for k, v in asdict(cfg).items()
+           if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+    if _init_base(out.get("init", "")) is not None:  # a changed start rebuilds this base
+        out["init"] = f"{out['init']}@{config_key(_init_base(out['init']))}"
+    return out
+
+
+def _init_base(init: str):
+    """The ``BASE_MODELS`` config an ``init`` names (with or without the ``agentrl-sft/``
+    prefix), or None (a folder, or no init)."""
+    name = init[len(SFT_PREFIX):] if init.startswith(SFT_PREFIX) else init
+    return BASE_MODELS.get(name) if init else None
 
 
 def task_examples(cfg: SFTConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -193,14 +203,17 @@ class AgentSFTConfig:
     env: str = "grid"
     """the environment (a key of ``envs.AGENT_ENVS``; it needs ``expert_actions``)"""
     init: str = ""
-    """start from this checkpoint instead of a fresh ``size`` model (as ``SFTConfig.init``)"""
+    """the model to fine-tune: '' a fresh ``tiny_lm.new_model(size, seed)``, a name of
+    ``BASE_MODELS`` (its cached checkpoint, built first if missing; the same size), e.g. a larger
+    grid's base fine-tuned from the 3x3 one, whose short conversations are cheap to train on, or a
+    checkpoint folder"""
     device: str = "cpu"
     """where it is trained (as ``SFTConfig.device``)"""
 
 
 def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
-    """Train the tiny LM from scratch on the scripted policy's conversations (loss on the agent
-    tokens only). Returns (model, tokenizer, [(step, loss)])."""
+    """Train the tiny LM (from scratch, or from ``cfg.init``) on the scripted policy's
+    conversations (loss on the agent tokens only). Returns (model, tokenizer, [(step, loss)])."""
     model, tok = start_model(cfg)
     rng = np.random.default_rng(cfg.seed)
     make_env = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
@@ -238,7 +251,9 @@ def start_model(cfg):
     if not getattr(cfg, "init", ""):
         model, tok = new_model(cfg.size, seed=cfg.seed)
         return model.to(device), tok
-    model, tok = load_base(cfg.init, device=device, verbose=False)
+    parent = _init_base(cfg.init)
+    model, tok = load_policy(str(checkpoint(parent, verbose=False)) if parent else cfg.init,
+                             device=device)
     want = SIZES[cfg.size]["hidden_size"], SIZES[cfg.size]["num_hidden_layers"]
     got = model.config.hidden_size, model.config.num_hidden_layers
     if got != want:
@@ -316,6 +331,13 @@ def train_pretrain(cfg: PretrainConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# grid5-agent-tiny: the LM part of notebook 31 (GiGPO vs GRPO): a 5x5 grid with three walls and a
+# turn cap of 10, so a group's episodes revisit cells (anchor groups beyond the first turn). Its
+# conversations are long (up to 10 turns of ~125 characters, ~1 s per step of 8 on 2 cores), so
+# the build is kept to a few minutes: 200 steps of 8, fine-tuning grid-agent-tiny (the 3x3 agent)
+# at epsilon 0.5. Measured while notebook 31 was written: it writes valid moves (0.2% invalid)
+# but navigates at about chance (0.11 sampled success on 64 panel episodes; 300 steps from
+# scratch at epsilon 0.3 gave 0.15; random moves ~0.16): a weak start, with all the room for RL.
 # tq-agent-tiny: TwentyQuestions with 4 items (two questions identify one), a useless third question
 # and 3 turns, brief observations; imitates the epsilon = 0.5 scripted policy, whose exact success is
 # 0.583 (optimal play: 1.0, uniform actions: 0.370): the LM start of notebook 32's last part. 800
@@ -337,6 +359,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "grid5-agent-tiny": AgentSFTConfig(
+        env_kwargs=dict(layout=[".....", ".#.#.", ".....", "..#..", "....."], max_turns=10),
+        epsilon=0.5, steps=200, batch_size=8, max_turns=10, lr=1e-3, init="grid-agent-tiny"),
     "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
                                     system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
                                     steps=800, max_turns=3, lr=2e-3),
