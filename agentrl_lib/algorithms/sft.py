@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from agentrl_lib.envs import make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import make_problems, reference_completion
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
 from agentrl_lib.models.tiny_lm import new_model
@@ -211,6 +212,9 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# shop-agent-tiny: notebook 33's LM agent: ShopEnv's 4-item catalog, short observations, 6 turns
+# for a 5-step purchase, imitating the 10%-noisy optimal policy (ShopEnv.expert_actions) for 400
+# steps (a few CPU minutes); its panel success is measured in notebook 33 (section 6).
 BASE_MODELS = {
     "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
@@ -220,6 +224,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "shop-agent-tiny": AgentSFTConfig(env="shop", env_kwargs=dict(
+        catalog=make_catalog(2, 2, 2, 2, 2, seed=0), max_turns=6, obs_format="short"),
+        system_prompt=ShopEnv.system_prompt, epsilon=0.1, steps=400, max_turns=6, lr=1e-3),
 }
 
 

@@ -59,6 +59,7 @@ OPTION_STATES = ("none", "right", "wrong")
 RELATIVE_ACTIONS = ("search[target]", "search[other]", "click[target]", "click[other]",
                     "choose[color=target]", "choose[color=other]", "choose[size=target]",
                     "choose[size=other]", "buy", "back", "invalid")
+_Q_CACHE: dict = {}  # expert_actions: (catalog, gamma, invalid_penalty, task) -> (Q*, state index)
 _TOOL_LIKE = re.compile(r"\b([a-z_]+)\s*\[", re.IGNORECASE)
 
 
@@ -98,7 +99,6 @@ class ShopEnv:
         if obs_format not in ("full", "short"):
             raise ValueError(f"obs_format must be 'full' or 'short', got {obs_format!r}")
         self.obs_format = obs_format
-        self._q: dict = {}
         self.catalog = catalog if catalog is not None else make_catalog()
         self.items = {it["name"]: it for it in self.catalog}
         self.categories = list(dict.fromkeys(it["category"] for it in self.catalog))
@@ -318,13 +318,22 @@ class ShopEnv:
         """The optimal actions of the current state (ties all listed, in ``actions`` order), by the
         task's exact Q* (value iteration on ``tabular_form``). A state outside the form (reached by
         a free-text search) raises ValueError."""
-        if self.task not in self._q:
+        # shared by every env with this catalog and these constants (play_episodes makes one env
+        # per episode; value iteration per episode would dominate a demonstration set)
+        key = (json.dumps(self.catalog, sort_keys=True), self.gamma, self.invalid_penalty, self.task)
+        if key not in _Q_CACHE:
             from agentrl_lib.algorithms.dp import q_from_v, value_iteration
 
-            mdp, _ = self.tabular_form(self.task)
+            mdp, keys = self.tabular_form(self.task)
             v, _, _, _ = value_iteration(mdp)
-            self._q[self.task] = q_from_v(mdp, v).numpy()
-        q = self._q[self.task][self.state_index()]  # (A,), env.actions order
+            _Q_CACHE[key] = (q_from_v(mdp, v).numpy(), {k: i for i, k in enumerate(keys)})
+        q_table, index = _Q_CACHE[key]
+        state = self.state_key()
+        if state[1] == "done":
+            return []
+        if state not in index:
+            raise ValueError(f"state {state} is outside the tabular form (a free-text search?)")
+        q = q_table[index[state]]  # (A,), env.actions order
         return [self.actions[i] for i in np.flatnonzero(q >= q.max() - 1e-9)]
 
     def task_index(self) -> int:
