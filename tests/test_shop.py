@@ -211,3 +211,16 @@ def test_shop_agent_base_config_and_its_demonstrations_fit_the_context():
     lengths = [len(e.prompt_ids) + len(e.token_ids) for e in eps]
     assert max(lengths) <= 512  # the tiny LM's positions
     assert 0.5 < np.mean([e.success for e in eps]) < 1.0  # noisy demonstrations, mostly right
+
+
+def test_expert_q_equals_dp_value_iteration():
+    from agentrl_lib.envs import shop
+
+    env = ShopEnv(gamma=0.95)
+    env.reset(seed=3)
+    env.expert_actions()
+    q_env, index = [v for k, v in shop._Q_CACHE.items() if k[-1] == env.task][0]
+    mdp, keys = env.tabular_form(env.task)
+    v, _, _, _ = dp.value_iteration(mdp)
+    assert np.allclose(q_env, dp.q_from_v(mdp, v).numpy(), atol=1e-9)
+    assert index[keys[0]] == 0
