@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from agentrl_lib.envs import AGENT_ENVS, make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
@@ -331,6 +332,9 @@ def train_pretrain(cfg: PretrainConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# shop-agent-tiny: notebook 33's LM agent: ShopEnv's 4-item catalog, short observations, 6 turns
+# for a 5-step purchase, imitating the 10%-noisy optimal policy (ShopEnv.expert_actions) for 400
+# steps (a few CPU minutes); its panel success is measured in notebook 33 (section 6).
 # grid5-agent-tiny: the LM part of notebook 31 (GiGPO vs GRPO): a 5x5 grid with three walls and a
 # turn cap of 10, so a group's episodes revisit cells (anchor groups beyond the first turn). Its
 # conversations are long (up to 10 turns of ~125 characters, ~1 s per step of 8 on 2 cores), so
@@ -359,6 +363,9 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "shop-agent-tiny": AgentSFTConfig(env="shop", env_kwargs=dict(
+        catalog=make_catalog(2, 2, 2, 2, 2, seed=0), max_turns=6, obs_format="short"),
+        system_prompt=ShopEnv.system_prompt, epsilon=0.1, steps=400, max_turns=6, lr=1e-3),
     "grid5-agent-tiny": AgentSFTConfig(
         env_kwargs=dict(layout=[".....", ".#.#.", ".....", "..#..", "....."], max_turns=10),
         epsilon=0.5, steps=200, batch_size=8, max_turns=10, lr=1e-3, init="grid-agent-tiny"),
