@@ -1,7 +1,8 @@
 # The two set-up commands of the README:
 #   make report   set up, sweep every notebook in the cpu profile (seeds 0-2, 2 at a time, resumable:
 #                 only missing runs run), build report/index.html
-#   make test     set up, build the cached SFT base models (once), run the unit tests and execute
+#   make test     set up, fill the SFT base-model cache (from bases/, training only what is not shipped),
+#                 run the unit tests and execute
 #                 every notebook (ci profile) under nbval
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
 # so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
@@ -26,7 +27,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(VENV)/bin/agentrl cache arith-tiny chain-mix-tiny grid-agent-tiny --quiet
+	$(VENV)/bin/agentrl cache arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny --quiet
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 report: setup

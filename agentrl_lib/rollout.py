@@ -116,16 +116,16 @@ def messages_example(tokenizer, messages: list[dict], tools=None,
 
 
 def pad_examples(examples: list[tuple[list[int], list[int]]], pad_id: int,
-                 device="cpu") -> tuple[Tensor, Tensor, Tensor]:
+                 device) -> tuple[Tensor, Tensor, Tensor]:
     """Right-pad (ids, loss mask) pairs together (fine for teacher forcing): ids, attention mask and
-    loss mask, each (B, L)."""
+    loss mask, each (B, L), on ``device`` (the model's; built on the host, then one copy each)."""
     L = max(len(x) for x, _ in examples)
-    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(examples), L)
-    attn = torch.zeros(len(examples), L, dtype=torch.long)
+    ids = torch.full((len(examples), L), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros(len(examples), L, device="cpu")
+    attn = torch.zeros(len(examples), L, dtype=torch.long, device="cpu")
     for i, (x, m) in enumerate(examples):
-        ids[i, :len(x)] = torch.tensor(x)
-        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+        ids[i, :len(x)] = torch.tensor(x, dtype=torch.long, device="cpu")
+        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float, device="cpu")
         attn[i, :len(x)] = 1
     return ids.to(device), attn.to(device), mask.to(device)
 
@@ -155,11 +155,12 @@ class Generation:
                           self.loss_mask[idx])
 
 
-def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> tuple[Tensor, Tensor]:
-    """Left-pad already-formatted prompt strings into (ids, mask), both (B, P)."""
+def encode_prompts(tokenizer, prompts: list[str], device) -> tuple[Tensor, Tensor]:
+    """Left-pad already-formatted prompt strings into (ids, mask), both (B, P), on ``device``."""
     tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    enc = tokenizer(prompts, padding=True, add_special_tokens=False)  # lists: no default device
+    return (torch.tensor(enc["input_ids"], dtype=torch.long, device=device),
+            torch.tensor(enc["attention_mask"], dtype=torch.long, device=device))
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_id: int) -> Tensor:
@@ -174,6 +175,17 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_id: int) -> Tensor:
 
 
 # --- the decoder: a KV cache, prefill and token-by-token sampling ---------------------------------
+def model_device(model) -> torch.device:
+    """The device of the model's parameters: where every tensor it sees must be built."""
+    return next(model.parameters()).device
+
+
+def token_generator(model, seed: int) -> torch.Generator:
+    """A seeded generator for per-token sampling on the model's device, so sampling never copies
+    probabilities to the host. The same seed draws other tokens on a GPU than on the CPU."""
+    return torch.Generator(device=model_device(model)).manual_seed(seed)
+
+
 def sample_next(logits: Tensor, temperature: float = 1.0, greedy: bool = False,
                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """One decoding step: (token (B,), log-probs of the sampling distribution (B, V)) from the
@@ -184,7 +196,7 @@ def sample_next(logits: Tensor, temperature: float = 1.0, greedy: bool = False,
     probs = logp_all.exp()
     if generator is not None and generator.device != probs.device:
         # a CPU generator with a CUDA model: sample where the generator lives (seeded sampling
-        # stays reproducible); the CPU path below is the common one
+        # stays reproducible) at the cost of a copy per token; ``token_generator`` avoids it
         tok = torch.multinomial(probs.to(generator.device), 1, generator=generator)
         return tok.squeeze(-1).to(logits.device), logp_all
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), logp_all
@@ -224,10 +236,10 @@ def _feed(model, state: _Cache, segments: list[list[int]], pad_id: int) -> Tenso
     """``_prefill`` of token-id lists, left-padded to a common length."""
     device = next(model.parameters()).device
     S = max(len(s) for s in segments)
-    ids = torch.full((len(segments), S), pad_id, dtype=torch.long)
-    seg_mask = torch.zeros(len(segments), S, dtype=torch.long)
+    ids = torch.full((len(segments), S), pad_id, dtype=torch.long, device="cpu")
+    seg_mask = torch.zeros(len(segments), S, dtype=torch.long, device="cpu")
     for i, s in enumerate(segments):
-        ids[i, S - len(s):] = torch.tensor(s, dtype=torch.long)
+        ids[i, S - len(s):] = torch.tensor(s, dtype=torch.long, device="cpu")
         seg_mask[i, S - len(s):] = 1
     return _prefill(model, state, ids.to(device), seg_mask.to(device))
 
@@ -263,6 +275,45 @@ def _decode(model, state: _Cache, logits: Tensor, max_new_tokens: int, temperatu
         state.kv, logits = out.past_key_values, out.logits[:, -1]
         state.next_pos = state.next_pos + live.long()
     return torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(ents, 1), unfed
+
+
+@torch.no_grad()
+def action_logps(model, tokenizer, contexts: list[list[int]], actions: list[str],
+                 batch_size: int = 64) -> Tensor:
+    """log p(a | context) of each action text followed by the end-of-turn token, for every context
+    (token ids ending where the answer starts: a ``prompt_text``, or a conversation up to a turn),
+    at temperature 1: the sum of the action's next-token log-probs. Each context is encoded once;
+    its cache is repeated for the actions, whose tokens (all but the last) are fed left-padded.
+    Returns (N, A) float64 on the host."""
+    device = next(model.parameters()).device
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    conts = [token_ids(tokenizer, a) + [eos] for a in actions]
+    A, C = len(actions), max(len(c) for c in conts) - 1
+    out = torch.zeros(len(contexts), A, dtype=torch.float64, device="cpu")
+    for i in range(0, len(contexts), batch_size):
+        chunk = contexts[i:i + batch_size]
+        B = len(chunk)
+        state = _Cache()
+        first = torch.log_softmax(_feed(model, state, chunk, pad).float(), -1)  # (B, V)
+        state.kv.batch_repeat_interleave(A)  # row b * A + a: context b, action a
+        attn = state.attn.repeat_interleave(A, 0)  # (B*A, L)
+        next_pos = state.next_pos.repeat_interleave(A, 0)  # (B*A,)
+        ids = torch.full((B * A, C), pad, dtype=torch.long, device=device)
+        seg = torch.zeros(B * A, C, dtype=torch.long, device=device)
+        for a, c in enumerate(conts):
+            if len(c) > 1:
+                ids[a::A, C - len(c) + 1:] = torch.tensor(c[:-1], dtype=torch.long, device=device)
+                seg[a::A, C - len(c) + 1:] = 1
+        pos = (next_pos[:, None] + seg.cumsum(-1) - 1).clamp(min=0)  # (B*A, C) real tokens only
+        logits = model(input_ids=ids, attention_mask=torch.cat([attn, seg], 1), position_ids=pos,
+                       past_key_values=state.kv, use_cache=True).logits  # (B*A, C, V)
+        lp = torch.log_softmax(logits.float(), -1)
+        for a, c in enumerate(conts):
+            m = len(c) - 1  # the fed tokens at positions C - m .. C - 1 predict c[1:]
+            tgt = torch.tensor(c[1:], dtype=torch.long, device=device).expand(B, m)  # (B, m)
+            rest = lp[a::A, C - m:].gather(-1, tgt[..., None]).squeeze(-1).sum(-1)  # (B,)
+            out[i:i + B, a] = (first[:, c[0]] + rest).to(device="cpu", dtype=torch.float64)
+    return out
 
 
 @torch.no_grad()
@@ -606,26 +657,30 @@ def text_episodes_to_tokens(tokenizer, episodes, system_prompt: str | None = Non
     return episodes
 
 
-def pad_episodes(episodes, pad_id: int, device="cpu") -> Generation:
+def pad_episodes(episodes, pad_id: int, device) -> Generation:
     """Token-level episodes as one ``Generation``: the first prompts left-padded (B, P); the rest of
     each conversation right-padded (B, N) with ``completion_mask`` 1 on its real tokens and
-    ``loss_mask`` 1 on the agent's; the sampling ``logps`` (0 elsewhere). Built on ``device``."""
+    ``loss_mask`` 1 on the agent's; the sampling ``logps`` (0 elsewhere). Built on the host, then
+    copied to ``device`` (the model's)."""
     B = len(episodes)
     P = max(len(ep.prompt_ids) for ep in episodes)
     N = max(max(len(ep.token_ids) for ep in episodes), 1)
-    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros(B, P, dtype=torch.long)
-    ids = torch.full((B, N), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, N, dtype=torch.long)
-    loss_mask = torch.zeros(B, N)
-    logps = torch.zeros(B, N)
+    host = dict(device="cpu")
+    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long, **host)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long, **host)
+    ids = torch.full((B, N), pad_id, dtype=torch.long, **host)
+    attn = torch.zeros(B, N, dtype=torch.long, **host)
+    loss_mask = torch.zeros(B, N, **host)
+    logps = torch.zeros(B, N, **host)
     for i, ep in enumerate(episodes):
         p, n = len(ep.prompt_ids), len(ep.token_ids)
-        prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.tensor(ep.prompt_ids), 1
+        prompt_ids[i, P - p:] = torch.tensor(ep.prompt_ids, dtype=torch.long, **host)
+        prompt_mask[i, P - p:] = 1
         if n:
-            ids[i, :n], attn[i, :n] = torch.tensor(ep.token_ids), 1
-            loss_mask[i, :n] = torch.tensor(ep.loss_mask, dtype=torch.float)
-            logps[i, :n] = torch.tensor(ep.logps, dtype=torch.float)
+            ids[i, :n] = torch.tensor(ep.token_ids, dtype=torch.long, **host)
+            attn[i, :n] = 1
+            loss_mask[i, :n] = torch.tensor(ep.loss_mask, dtype=torch.float, **host)
+            logps[i, :n] = torch.tensor(ep.logps, dtype=torch.float, **host)
     to = lambda x: x.to(device)  # noqa: E731
     return Generation(to(prompt_ids), to(prompt_mask), to(ids), to(attn), to(logps),
                       loss_mask=to(loss_mask))

@@ -137,3 +137,93 @@ def test_train_runs_and_learns_on_twenty_questions():
     with torch.no_grad():
         learned = env.success_probability(lambda k: policy.probs([k]).numpy()[0])
     assert learned > uniform + 0.05
+
+
+def test_episode_transitions_reads_the_parsed_action_of_lm_episodes():
+    # LM episodes carry no action_ids: the env's parsed index (info["action"]) is used, and a
+    # malformed turn (action None) goes to the extra column
+    ep = Episode.of(["a", "b"], [0.0, 1.0], valid=[False, True], next_state_key="c",
+                    infos=[{"action": None}, {"action": 3}])
+    assert archer.episode_transitions(ep, 5) == [("a", 5, 0.0, "b", 0.0), ("b", 3, 1.0, "c", 1.0)]
+
+
+def _mlp_by_hand(D, out, hidden):
+    return torch.nn.Sequential(torch.nn.Linear(D, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, out))
+
+
+def test_key_critic_is_twin_mlp_heads_over_key_features():
+    env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"], max_turns=3)
+    A, D = len(env.actions), env.num_items + env.max_turns + 1
+    torch.manual_seed(0)
+    critic = archer.key_critic(env, ArcherConfig(hidden=16))
+    torch.manual_seed(0)  # the same draws, in the same order: q head, then v head
+    q_head, v_head = _mlp_by_hand(D, 2 * (A + 1), 16), _mlp_by_hand(D, 2, 16)
+    keys = [env.start_key(), ((0, 2), 1), ((3,), 2)]
+    x = torch.tensor(np.stack([env.key_features(k) for k in keys]))  # (B, D)
+    q, v = critic.net(keys)  # (B, E, A+1), (B, E)
+    torch.testing.assert_close(q, q_head(x).view(3, 2, A + 1))
+    torch.testing.assert_close(v, v_head(x))
+    # the target starts equal, frozen
+    qt, vt = critic.target(keys)
+    torch.testing.assert_close((qt, vt), (q, v))
+    assert not any(p.requires_grad for p in critic.target.parameters())
+
+
+def test_key_critic_lives_on_the_host_under_another_default_device():
+    env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"], max_turns=3)
+    with torch.device("meta"):
+        critic = archer.key_critic(env, ArcherConfig(hidden=8, batch_size=4))
+        ep = Episode.of([env.start_key()], [1.0], next_state_key=((0,), 1),
+                        infos=[{"action": 3}])
+        critic.add([ep])
+        critic.update(2)
+        adv = archer.archer_advantages([ep], critic)
+    assert critic.net.device.type == "cpu" and adv[0].shape == (1,)
+
+
+def test_lm_credit_fn_fills_the_buffer_fits_and_returns_turn_advantages():
+    env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"], max_turns=3)
+    cfg = ArcherConfig(hidden=16, batch_size=8, critic_lr=1e-2, bootstrap_truncated=False)
+    torch.manual_seed(0)
+    critic = archer.key_critic(env, cfg)
+    fn = archer.lm_credit_fn(critic, critic_updates=3)
+    s0, s1 = env.start_key(), ((0, 2), 1)
+    eps = [Episode.of([s0, s1], [0.0, 1.0], next_state_key=((0,), 2),
+                      infos=[{"action": 0}, {"action": 3}]),
+           Episode.of([s0], [0.0], valid=[False], next_state_key=(s0[0], 1), truncated=True,
+                      infos=[{"action": None}])]
+    before = [p.clone() for p in critic.net.parameters()]
+    adv = fn(eps)
+    assert len(critic.buffer) == 3 and len(fn.metrics) == 1 and "q_loss" in fn.metrics[0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, critic.net.parameters()))
+    assert [a.shape for a in adv] == [(2,), (1,)]
+    # the advantages are min Q - min V of the critic *after* the update, at the logged actions
+    q, v = critic.net([s0, s1, s0])
+    direct = [q[0, :, 0].min() - v[0].min(), q[1, :, 3].min() - v[1].min(),
+              q[2, :, len(env.actions)].min() - v[2].min()]
+    assert np.allclose(np.concatenate(adv), [d.item() for d in direct], atol=1e-6)
+    fn(eps)
+    assert len(critic.buffer) == 6 and len(fn.metrics) == 2
+
+
+def test_tq_agent_base_is_a_noisy_expert_on_a_solvable_game():
+    from agentrl_lib.algorithms.sft import BASE_MODELS, TQ_AGENT_GAME
+
+    cfg = BASE_MODELS["tq-agent-tiny"]
+    assert cfg.env == "twenty_questions" and cfg.env_kwargs == TQ_AGENT_GAME
+    assert cfg.system_prompt == TwentyQuestionsEnv.system_prompt
+    env = TwentyQuestionsEnv(**cfg.env_kwargs)
+    env.reset(seed=0)
+    A = len(env.actions)
+    v_star, q_star = env.optimal_values()
+    assert v_star(env.start_key()) == pytest.approx(1.0)  # two questions identify the item
+
+    def noisy(k):
+        best = (q_star(k) >= q_star(k).max() - 1e-9).astype(float)
+        return (1 - cfg.epsilon) * best / best.sum() + cfg.epsilon / A
+
+    # the documented success of the demonstrator (sft.BASE_MODELS comment): room for RL
+    assert env.success_probability(noisy) == pytest.approx(0.583, abs=1e-3)
+    assert env.success_probability(lambda k: np.ones(A) / A) == pytest.approx(0.370, abs=1e-3)

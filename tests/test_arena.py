@@ -135,3 +135,50 @@ def test_relative_variance_and_cosine():
     assert arena.relative_variance([[1.0, -1.0], [-1.0, 1.0]]) == math.inf
     assert arena.cosine([1, 0], [0, 2]) == 0.0 and arena.cosine([1, 1], [2, 2]) == pytest.approx(1)
     assert math.isnan(arena.cosine([0, 0], [1, 1]))
+
+
+def test_finite_horizon_advantages_per_turn_policy():
+    # corridor S.G, gamma 0.5, 2 turns: at turn 0 the policy goes right for sure, at turn 1 it is
+    # uniform. From the middle cell at turn 1: Q(right) = 1, others 0, V = 1/4. From the start at
+    # turn 0 with 'right' for sure: V_0 = 0.5 * V_1(middle) = 1/8.
+    mdp = T.gridworld(["S.G"], gamma=0.5)
+    right = T.GRID_ACTIONS.index("right")
+    pi = torch.full((2, 3, 4), 0.25, dtype=torch.float64)
+    pi[0] = 0.0
+    pi[0, :, right] = 1.0
+    adv, val = dp.finite_horizon_advantages(mdp, pi, 2)
+    assert val[1, 1].item() == 0.25 and val[0, 0].item() == 0.125
+    assert adv[1, 1].tolist() == [-0.25, -0.25, 0.75, -0.25]
+    assert adv[0, 0, right].item() == 0.0  # the action the policy takes for sure
+    # a per-turn policy equal at every turn is the stationary one
+    u = dp.uniform_policy(mdp)
+    a1, v1 = dp.finite_horizon_advantages(mdp, u, 3)
+    a3, v3 = dp.finite_horizon_advantages(mdp, u.expand(3, -1, -1), 3)
+    assert torch.equal(a1, a3) and torch.equal(v1, v3)
+    with pytest.raises(ValueError, match="rows"):
+        dp.finite_horizon_advantages(mdp, pi, 3)
+
+
+def test_lm_action_probs_against_token_by_token():
+    from agentrl_lib.models.tiny_lm import new_model
+    from agentrl_lib.rollout import prompt_text, token_ids
+
+    torch.manual_seed(0)
+    model, tok = new_model("tiny-64", seed=0)
+    model.eval()
+    actions = ["up", "down", "left"]
+    contexts = [token_ids(tok, prompt_text(tok, o, "sys")) for o in ["At (0,0).", "At (2,1). Go", "x"]]
+    probs, mass = arena.lm_action_probs(model, tok, contexts, actions, batch_size=2)  # 2 chunks
+    assert probs.shape == (3, 3) and np.allclose(probs.sum(-1), 1.0)
+    for i, ctx in enumerate(contexts):  # the product of next-token probabilities, one at a time
+        p = []
+        for a in actions:
+            ids, lp = list(ctx), 0.0
+            for t in token_ids(tok, a) + [tok.eos_token_id]:
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                lp += torch.log_softmax(logits.double(), -1)[t].item()
+                ids.append(t)
+            p.append(math.exp(lp))
+        assert mass[i] == pytest.approx(sum(p), rel=1e-4)
+        assert probs[i] == pytest.approx(np.array(p) / sum(p), rel=1e-4)

@@ -124,3 +124,29 @@ def test_all_equal_groups_get_exactly_zero_and_normalisation_equals_core():
         same = np.full(n, 0.95)
         assert np.array_equal(credit._normalise(same, True, 1, 1e-4), np.zeros(n))
         assert torch.equal(grpo_advantages(torch.as_tensor(same)), torch.zeros(n, dtype=torch.float64))
+
+
+def test_anchor_share_counts_turns_in_shared_groups():
+    # group 0: s twice (ep0 t0, ep1 t0) and x twice (ep0 t1, ep1 t2); y alone. group 1: s alone,
+    # never pooled with group 0's s. 4 of 6 turns share a group.
+    eps = [Episode.of(["s", "x"], [0, 1]), Episode.of(["s", "y", "x"], [0, 0, 0]),
+           Episode.of(["s"], [1], group_id=1)]
+    assert credit.anchor_share(eps) == pytest.approx(4 / 6)
+    assert credit.anchor_share(eps, min_size=3) == 0.0
+    assert credit.anchor_share(eps, min_size=1) == 1.0
+    # a key that splits every turn (the turn number too): no shared group
+    assert credit.anchor_share(eps, key=lambda ep, t: (ep.state_keys[t], t)) == pytest.approx(2 / 6)
+    assert credit.anchor_share([]) == 0.0
+
+
+def test_anchor_share_is_where_gigpo_differs_from_grpo():
+    # on turns outside shared groups A^S = 0, so GiGPO's advantage equals GRPO's there
+    rng = np.random.default_rng(0)
+    eps = [Episode.of([int(k) for k in rng.integers(0, 4, size=5)], list(rng.integers(0, 2, 5)),
+                      group_id=i // 4) for i in range(8)]
+    gi, gr = credit.gigpo_advantages(eps), credit.grpo_broadcast(eps)
+    sizes = {k: len(m) for k, m in credit.anchor_groups(eps).items()}
+    alone = [(i, t) for i, ep in enumerate(eps) for t in range(len(ep))
+             if sizes[(ep.group_id, ep.state_keys[t])] == 1]
+    assert all(gi[i][t] == gr[i][t] for i, t in alone)
+    assert credit.anchor_share(eps) == pytest.approx(1 - len(alone) / 40)

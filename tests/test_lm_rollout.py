@@ -156,7 +156,7 @@ def test_recomputed_logps_equal_sampling_logps(moving_lm):
     eps = lm_rollout(model, tok, make_env(), [0, 1, 2], 4, 4, 6, temperature=1.0,
                      generator=torch.Generator().manual_seed(2))
     logps, ents, mask = episode_logps(model, eps)
-    padded = pad_episodes(eps, tok.pad_token_id)
+    padded = pad_episodes(eps, tok.pad_token_id, "cpu")
     old = padded.logps
     assert torch.equal(mask, padded.loss_mask) and logps.requires_grad
     assert mask.sum() == sum(sum(ep.loss_mask) for ep in eps)
@@ -170,7 +170,7 @@ def test_recomputed_logps_equal_sampling_logps(moving_lm):
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, temperature=0.7,
                      generator=torch.Generator().manual_seed(3))
     logps, _, _ = episode_logps(model, eps, temperature=0.7)
-    torch.testing.assert_close(logps, pad_episodes(eps, 0).logps, atol=2e-5, rtol=0)
+    torch.testing.assert_close(logps, pad_episodes(eps, 0, "cpu").logps, atol=2e-5, rtol=0)
 
 
 def test_sampled_distribution_batched_vs_naive(moving_lm):
@@ -247,7 +247,7 @@ def test_training_step_changes_params_and_advantages(moving_lm):
 def test_loss_zero_advantage_is_zero_and_gradient_only_from_masked_tokens(moving_lm):
     model, tok = moving_lm
     eps = lm_rollout(model, tok, make_env(), [0, 1], 2, 3, 6, generator=torch.Generator().manual_seed(6))
-    g = pad_episodes(eps, tok.pad_token_id)
+    g = pad_episodes(eps, tok.pad_token_id, "cpu")
     cfg = GRPOConfig(loss_agg="token_mean")
     logps, _, m = episode_logps(model, eps)
     loss, _ = grpo.policy_loss(logps, g.logps, torch.zeros_like(logps), g.loss_mask, cfg)
@@ -279,3 +279,82 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     assert cfg == AgentSFTConfig(env_kwargs=cfg.env_kwargs, epsilon=p["sft_epsilon"],
                                  steps=p["sft_steps"], max_turns=p["max_turns"])
     assert cli.main(["cache", "no-such-model"]) == 2
+
+
+def test_credit_fn_replaces_the_turn_estimator(moving_lm):
+    """``grpo.advantages(..., credit_fn=)``: turn t of every episode gets exactly what the plug
+    returned for it, on each of its action tokens, and 0 on the environment's tokens."""
+    model, tok = moving_lm
+    cfg = GRPOConfig(num_prompts=2, group_size=3, max_turns=4, max_new_tokens=6)
+    batch = grpo.episode_sampler(tok, make_env(), list(range(10)), cfg)(model)
+    seen = []
+
+    def plug(episodes):
+        seen.append(len(episodes))
+        return [np.arange(1.0, len(ep) + 1) for ep in episodes]  # turn t -> t + 1
+
+    out = grpo.advantages(batch, cfg, credit_fn=plug)
+    assert seen == [6] and out.advantages.shape == batch.seqs.completion_ids.shape
+    for row, ep in zip(out.advantages, batch.episodes):
+        want = torch.zeros(row.shape[0])
+        for t, (s, e) in enumerate(ep.turn_spans):
+            want[s:e] = t + 1
+        assert torch.equal(row, want)
+    with pytest.raises(ValueError, match="multi-turn"):
+        single = grpo.Batch(batch.seqs, batch.rewards)  # no episodes: a single-turn batch
+        grpo.advantages(single, cfg, credit_fn=plug)
+
+
+def test_make_agent_env_names_the_choices():
+    from agentrl_lib.envs import AGENT_ENVS, make_agent_env
+
+    assert isinstance(make_agent_env("grid", layout=LAYOUT), GridAgentEnv)
+    with pytest.raises(ValueError, match="unknown agent environment 'maze'.*grid"):
+        make_agent_env("maze")
+    assert set(AGENT_ENVS) >= {"grid", "twenty_questions", "shop"}
+
+
+def test_notebook_31_lm_start_is_a_cached_named_base():
+    """Notebook 31's LM part starts from ``sft.BASE_MODELS[lm_base]`` in every profile, and
+    ``make test`` builds that base before the notebooks run (else ci pays minutes to train it)."""
+    from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
+    from agentrl_lib.envs.multiturn import GridAgentEnv
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+
+    root = repo_root()
+    info = load_notebook(root / "notebooks" / "31_gigpo.ipynb", root)
+    names = {info.params["lm_base"].default} | {
+        over["lm_base"] for over in info.profiles.values() if "lm_base" in over}
+    make_cache = next(line for line in (root / "Makefile").read_text().splitlines()
+                      if "agentrl cache" in line).split()
+    for name in names:
+        cfg = BASE_MODELS[name]
+        assert isinstance(cfg, AgentSFTConfig) and cfg.env == "grid" and name in make_cache
+        env = GridAgentEnv(**cfg.env_kwargs)
+        assert (env.rows, env.cols) > (3, 3) and cfg.max_turns == env.max_turns
+
+
+def test_agent_sft_init_fine_tunes_a_named_base(tmp_path, monkeypatch):
+    """``AgentSFTConfig.init``: the named base's checkpoint is the start (lr = 0 leaves it
+    unchanged), its cache key is part of the child's identity, and a wrong start is refused."""
+    from agentrl_lib.algorithms import sft
+    from agentrl_lib.algorithms.sft import AgentSFTConfig
+
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
+    kw = dict(env_kwargs=dict(layout=["...", "..."], max_turns=2), num_episodes=4, max_turns=2,
+              batch_size=2)
+    parent = AgentSFTConfig(steps=1, **kw)
+    monkeypatch.setitem(sft.BASE_MODELS, "test-parent", parent)
+    child = AgentSFTConfig(steps=1, lr=0.0, init="test-parent", seed=3, **kw)
+    model, _, _ = sft.train_agent_sft(child, verbose=False)
+    start, _ = sft.load_base(parent)
+    for (name, a), b in zip(model.state_dict().items(), start.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the identity carries the start's key: another start is another cache entry
+    assert sft._identity(child)["init"] == f"test-parent@{sft.config_key(parent)}"
+    assert "init" not in sft._identity(parent)  # an unset init leaves old cache keys alone
+    key = sft.config_key(child)
+    monkeypatch.setitem(sft.BASE_MODELS, "test-parent", AgentSFTConfig(steps=2, **kw))
+    assert sft.config_key(child) != key  # a changed start changes the child's key
+    with pytest.raises(ValueError, match="size 'small-128'"):
+        sft.train_agent_sft(AgentSFTConfig(size="small-128", init="test-parent", **kw), verbose=False)

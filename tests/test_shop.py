@@ -141,3 +141,86 @@ def test_relative_key_and_panel_hash():
     p2, h2 = eval_panel(ShopEnv(), 32)
     assert p1 == p2 and h1 == h2 and len(h1) == 16
     assert eval_panel(ShopEnv(make_catalog(seed=1)), 32)[1] != h1
+
+
+def test_expert_actions_follow_q_star_and_finish_in_five():
+    env = tiny_env(gamma=0.9)
+    for task in env.tasks:
+        env.reset(task=task)
+        cat = env.items[task[0]]["category"]
+        assert env.expert_actions() == [f"search[{cat}]"]
+        env.step(f"search[{cat}]")
+        assert env.expert_actions() == [f"click[{task[0]}]"]
+        env.step(f"click[{task[0]}]")
+        # colour and size commute: both are optimal on the target's page (ties listed)
+        assert env.expert_actions() == [f"choose[color={task[1]}]", f"choose[size={task[2]}]"]
+        env.step(f"choose[size={task[2]}]")
+        assert env.expert_actions() == [f"choose[color={task[1]}]"]
+        env.step(f"choose[color={task[1]}]")
+        assert env.expert_actions() == ["buy"]
+        _, r, done, info = env.step("buy")
+        assert done and info["success"] and r == 1.0
+    # on the wrong item's page the only optimal move is back
+    env.reset(task=env.tasks[0])
+    other = [n for n in env.items if n != env.tasks[0][0]][0]
+    env.step(f"search[{env.categories[0]}]")
+    env.step(f"click[{other}]")
+    assert env.expert_actions() == ["back"]
+
+
+def test_expert_policy_always_succeeds_and_short_observations():
+    from agentrl_lib.algorithms.sft import scripted_policy
+
+    env = ShopEnv(make_catalog(2, 2, 2, 2, 2, seed=0), max_turns=6, obs_format="short")
+    mk = lambda: ShopEnv(env.catalog, max_turns=6, obs_format="short")  # noqa: E731
+    eps = play_episodes(mk, scripted_policy(0.0, np.random.default_rng(0)), list(range(32)), 1)
+    assert all(e.success and len(e) == 5 for e in eps)
+    first = env.reset(task=("glass-shirt", "blue", "small"))
+    assert first == "want glass shirt blue small. search"
+    assert env.step("search[shirt]")[0] == "results: glass-shirt plastic-shirt"
+    assert env.step("click[glass-shirt]")[0] == "item glass-shirt got - -"
+    assert env.step("choose[size=small]")[0] == "item glass-shirt got - small"
+    assert env.step("search[mug]")[0] == "invalid. item glass-shirt got - small"
+    assert ShopEnv.system_prompt and env.obs_format == "short"
+
+
+def test_relative_features_one_hot_blocks():
+    env = tiny_env()
+    task = env.tasks[0]
+    s = (task, "search", None, None, None, None)
+    f = env.relative_features(s, f"search[{env.categories[0]}]")
+    assert f.shape == (25,) and f.sum() == 6.0  # one 1 per block
+    # page=search, found=False, on_target=False, colour none, size none, search[target]
+    assert np.flatnonzero(f).tolist() == [0, 4, 6, 8, 11, 14]
+    assert env.relative_features(s, "choose[colour]")[-1] == 1.0  # unreadable -> 'invalid'
+
+
+def test_shop_agent_base_config_and_its_demonstrations_fit_the_context():
+    from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig, scripted_policy
+    from agentrl_lib.envs import make_agent_env
+    from agentrl_lib.models.tiny_lm import build_tokenizer
+    from agentrl_lib.rollout import text_episodes_to_tokens
+
+    cfg = BASE_MODELS["shop-agent-tiny"]
+    assert isinstance(cfg, AgentSFTConfig) and cfg.env == "shop"
+    assert cfg.system_prompt == ShopEnv.system_prompt and cfg.max_turns == cfg.env_kwargs["max_turns"]
+    mk = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
+    eps = play_episodes(mk, scripted_policy(cfg.epsilon, np.random.default_rng(0)),
+                        [cfg.seed_offset + i for i in range(64)], 1, cfg.max_turns)
+    text_episodes_to_tokens(build_tokenizer(), eps, cfg.system_prompt)
+    lengths = [len(e.prompt_ids) + len(e.token_ids) for e in eps]
+    assert max(lengths) <= 512  # the tiny LM's positions
+    assert 0.5 < np.mean([e.success for e in eps]) < 1.0  # noisy demonstrations, mostly right
+
+
+def test_expert_q_equals_dp_value_iteration():
+    from agentrl_lib.envs import shop
+
+    env = ShopEnv(gamma=0.95)
+    env.reset(seed=3)
+    env.expert_actions()
+    q_env, index = [v for k, v in shop._Q_CACHE.items() if k[-1] == env.task][0]
+    mdp, keys = env.tabular_form(env.task)
+    v, _, _, _ = dp.value_iteration(mdp)
+    assert np.allclose(q_env, dp.q_from_v(mdp, v).numpy(), atol=1e-9)
+    assert index[keys[0]] == 0

@@ -83,3 +83,67 @@ def test_works_on_grid_episodes_in_credit_shape():
     assert all(a.dtype == np.float64 for a in adv) and len(credit.history) == 1
     assert credit.history[0]["num_features"] > 4 and env.actions  # (cell, goal) x move pairs
 
+
+
+def test_mlp_init_is_seeded_and_within_linear_bounds():
+    import torch
+
+    state = torch.random.get_rng_state()
+    a, b = spa.mlp_init(5, 7, seed=3), spa.mlp_init(5, 7, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG untouched
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q) and p.dtype == torch.float64
+    assert a[0].weight.abs().max() <= 1 / np.sqrt(5) and a[2].weight.abs().max() <= 1 / np.sqrt(7)
+    assert not torch.equal(a[0].weight, spa.mlp_init(5, 7, seed=4)[0].weight)
+
+
+def test_sum_to_outcome_mse_by_hand():
+    import torch
+
+    c = torch.tensor([0.2, 0.3, 0.5, 1.0], dtype=torch.float64)
+    owner = torch.tensor([0, 0, 1, 1])
+    y = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    # sums (0.5, 1.5): errors -0.5, +0.5 -> mean square 0.25
+    assert abs(spa.sum_to_outcome_mse(c, owner, y).item() - 0.25) < 1e-12
+    assert abs(spa.sum_to_outcome_loss([[0.2, 0.3], [0.5, 1.0]], [1.0, 1.0]) - 0.25) < 1e-12
+
+
+def test_mlp_fit_equals_a_from_scratch_loop():
+    import torch
+
+    c = {"x": 0.2, "y": 0.3, "z": 0.5}
+    eps = [ep(k, sum(c[s] for s in k)) for k in (["x", "y"], ["y", "z"], ["x", "z"], ["x", "y", "z"])]
+    onehot = {"x": [1.0, 0, 0], "y": [0, 1.0, 0], "z": [0, 0, 1.0]}
+    cfg = spa.SPAConfig(model="mlp", num_epochs=50, lr=0.01, l2=1e-3, hidden=8)
+    model = spa.ProgressModel(cfg, features=lambda s, a: onehot[s], seed=2)
+    model.fit(eps)
+    net = spa.mlp_init(3, 8, 2)
+    x = torch.tensor([onehot[s] for e in eps for s in e.state_keys], dtype=torch.float64)
+    owner = torch.tensor([i for i, e in enumerate(eps) for _ in e.state_keys])
+    y = torch.tensor([e.ret for e in eps], dtype=torch.float64)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=1e-3)
+    for _ in range(50):
+        sums = torch.stack([net(x[owner == i]).sum() for i in range(len(eps))])
+        loss = ((sums - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        ours = net(x).squeeze(-1).numpy()
+    assert np.allclose(np.concatenate(model.contributions(eps)), ours, atol=1e-10)
+
+
+def test_spa_credit_runs_with_the_default_device_on_meta():
+    import torch
+
+    c = {"x": 0.2, "y": 0.3, "z": 0.5}
+    eps = [ep(k, sum(c[s] for s in k)) for k in (["x", "y"], ["y", "z"], ["x", "z"], ["x", "y", "z"])]
+    onehot = {"x": [1.0, 0, 0], "y": [0, 1.0, 0], "z": [0, 0, 1.0]}
+    cfg = spa.SPAConfig(model="mlp", num_epochs=5, gamma=0.0)
+    credit = spa.SPACredit(spa.ProgressModel(cfg, features=lambda s, a: onehot[s]), cfg)
+    torch.set_default_device("meta")
+    try:
+        adv = credit(eps)
+    finally:
+        torch.set_default_device(None)
+    assert [len(a) for a in adv] == [2, 2, 2, 3] and np.isfinite(np.concatenate(adv)).all()

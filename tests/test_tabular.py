@@ -167,3 +167,13 @@ def test_step_errors():
     m.reset(seed=0)
     with pytest.raises(ValueError, match="out of range"):
         m.step(5)
+
+
+def test_optimal_q_equals_value_iteration():
+    """The envs' oracle (``TabularMDP.optimal_q``) agrees with the teaching solver in ``dp``."""
+    from agentrl_lib.algorithms.dp import q_from_v, value_iteration
+    from agentrl_lib.envs.tabular import chain_mdp, gridworld, random_mdp
+
+    for mdp in (random_mdp(12, 3, gamma=0.9, seed=3), chain_mdp(8), gridworld(["S..", ".#.", "..G"])):
+        v, _, _, _ = value_iteration(mdp)
+        assert torch.allclose(mdp.optimal_q(), q_from_v(mdp, v), atol=1e-8)

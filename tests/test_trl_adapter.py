@@ -124,7 +124,7 @@ def test_trl_sees_our_prompt_tokens():
     trainer = trl_adapter.make_trainer(model, tok, probs, [length_reward], cfg, tempfile.mkdtemp())
     convs = [[{"role": "user", "content": p["prompt"]}] for p in probs[:6]]
     trl_ids = trainer._tokenize_prompts(convs)[0]
-    ids, mask = encode_prompts(tok, format_prompts(tok, probs[:6]))
+    ids, mask = encode_prompts(tok, format_prompts(tok, probs[:6]), "cpu")
     ours = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     assert [list(x) for x in trl_ids] == ours
 

@@ -115,3 +115,55 @@ def test_key_features():
     env = tiny(max_turns=3)
     x = env.key_features(((0, 2), 1))
     assert x.tolist() == [1, 0, 1, 0, 0, 1, 0, 0]
+
+
+def test_expert_actions_by_hand():
+    # three turns, gamma 1: "red" (ant, bee | cow, dog) and "round" (ant, cow | bee, dog) split
+    # 2|2 and always win (Q = 1); a guess wins 1/4 + 3/4 * 2/3 = 3/4, "sweet" (1|3) also 3/4
+    env = tiny(max_turns=3)
+    env.reset(seed=0, item="cow")
+    assert env.expert_actions() == ["Is it red?", "Is it round?"]
+    env.step("Is it red?")  # No: {cow, dog}, two turns left
+    # "round" splits cow | dog (Q = 1); guessing cow or dog wins now or next turn (Q = 1);
+    # "sweet", "red" again or guessing ant (eliminated) leave a coin flip (Q = 1/2)
+    assert env.expert_actions() == ["Is it round?", "Is it a cow?", "Is it a dog?"]
+    env.step("Is it round?")  # Yes: {cow}
+    assert env.expert_actions() == ["Is it a cow?"]
+    # two turns at gamma 0.5: only guesses are optimal (3/8 > 1/4, see test_v_star_by_hand)
+    env2 = tiny(max_turns=2, gamma=0.5)
+    env2.reset(seed=0)
+    assert env2.expert_actions() == ["Is it an ant?", "Is it a bee?", "Is it a cow?", "Is it a dog?"]
+    with pytest.raises(RuntimeError):
+        tiny().expert_actions()
+
+
+def test_scripted_expert_always_wins_and_epsilon_matches_the_exact_value():
+    from agentrl_lib.algorithms.sft import scripted_policy
+
+    make = lambda: tiny(max_turns=3)  # noqa: E731
+    eps = play_episodes(make, scripted_policy(0.0, np.random.default_rng(0)), list(range(40)))
+    assert all(e.success for e in eps) and all(len(e) <= 3 for e in eps)
+    # the epsilon-noisy expert: sampled success within 3 standard errors of the exact value
+    env = make()
+    env.reset(seed=0)
+    A = len(env.actions)
+    _, q = env.optimal_values()
+
+    def noisy(k, e=0.5):
+        best = (q(k) >= q(k).max() - 1e-9).astype(float)
+        return (1 - e) * best / best.sum() + e / A
+
+    exact = env.success_probability(noisy)
+    eps = play_episodes(make, scripted_policy(0.5, np.random.default_rng(1)), list(range(2000)))
+    assert abs(np.mean([e.success for e in eps]) - exact) < 3 * np.sqrt(exact * (1 - exact) / 2000)
+
+
+def test_brief_observations_keep_the_state():
+    full, brief = tiny(max_turns=3), tiny(max_turns=3, brief=True)
+    assert full.reset(seed=0, item="cow") == brief.reset(seed=0, item="cow")
+    o_full, *_ = full.step("Is it red?")
+    o_brief, r, done, info = brief.step("Is it red?")
+    assert o_brief == "No. Turn 2/3." and o_full.startswith("No. Turn 2/3.") and len(o_full) > 40
+    assert info["state_key"] == full.state_key() and not done
+    o_bad, *_ = brief.step("Is it purple?")
+    assert o_bad.startswith("Invalid question") and o_bad.endswith("Turn 3/3.")

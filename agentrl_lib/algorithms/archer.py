@@ -24,6 +24,13 @@ policy's probabilities are given (the reference samples one action; with ``polic
 use the action in the buffer, i.e. V of the behaviour policy); critics read features of the
 environment's hashable state key (one-hot = tabular) instead of a RoBERTa embedding of the text;
 a malformed turn (no symbolic action) is one extra action column.
+
+**The LM actor** (notebook 32, last part): ``lm_credit_fn`` plugs the critic into the one LM loop
+(``grpo.train(..., credit_fn=)``), with an MLP critic over ``env.key_features`` (``key_critic``).
+Simplified there (ours): the actor takes one policy-gradient step per rollout batch on that batch's
+own turns (the loop's clipped loss at rho = 1, i.e. REINFORCE with A), not steps on replayed states
+with fresh actions; and the V target is Q^targ of the logged action (scoring every symbolic action
+under the LM for E_pi would cost a forward pass per action).
 """
 
 from __future__ import annotations
@@ -157,8 +164,14 @@ class TurnCritic(nn.Module):
 
     def encode(self, keys) -> Tensor:
         if self.tabular:
-            return torch.tensor([self.features.row(k) for k in keys], dtype=torch.long)  # (B,)
-        return torch.as_tensor(np.stack([self.features(k) for k in keys]))  # (B, D)
+            return torch.tensor([self.features.row(k) for k in keys], dtype=torch.long,
+                                device=self.device)  # (B,)
+        return torch.as_tensor(np.stack([self.features(k) for k in keys]),
+                               device=self.device)  # (B, D)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def forward(self, keys) -> tuple[Tensor, Tensor]:
         x = self.encode(keys)  # (B, D) features, or (B,) table rows
@@ -226,11 +239,18 @@ def actor_loss(logps: Tensor, adv: Tensor, entropy: Tensor | None = None,
 # --- replay buffer and the critic bundle ---------------------------------------------------------
 def episode_transitions(ep, num_actions: int, bootstrap_truncated: bool = True) -> list[tuple]:
     """(s_t, a_t, r_t, s_{t+1}, done_t) per turn; a malformed turn gets action ``num_actions``;
-    done_t = 1 at the last turn unless the episode was truncated and ``bootstrap_truncated``."""
+    done_t = 1 at the last turn unless the episode was truncated and ``bootstrap_truncated``.
+    a_t is ``ep.action_ids[t]`` (symbolic policies) or else the action index the environment
+    parsed from the text, ``ep.infos[t]["action"]`` when it is an int (TwentyQuestions; LM
+    episodes)."""
     out = []
     T = len(ep)
     for t in range(T):
-        a = ep.action_ids[t] if ep.action_ids is not None else None
+        if ep.action_ids is not None:
+            a = ep.action_ids[t]
+        else:
+            a = ep.infos[t].get("action") if ep.infos and t < len(ep.infos) else None
+            a = a if isinstance(a, (int, np.integer)) and not isinstance(a, bool) else None
         if a is None or not ep.valid[t]:
             a = num_actions
         s2 = ep.state_keys[t + 1] if t + 1 < T else ep.next_state_key
@@ -288,15 +308,17 @@ class ArcherCritic:
     def loss(self, batch, policy_probs=None) -> tuple[Tensor, dict]:
         """Sum over members of MSE(Q_e(s,a), y_e) + MSE(V_e(s), E_pi Q_e^targ(s, .))."""
         s, a, r, s2, done = zip(*batch)
-        a = torch.tensor(a, dtype=torch.long)  # (B,)
-        r = torch.tensor(r, dtype=torch.float32)  # (B,)
-        done = torch.tensor(done, dtype=torch.float32)  # (B,)
+        dev = self.net.device
+        a = torch.tensor(a, dtype=torch.long, device=dev)  # (B,)
+        r = torch.tensor(r, dtype=torch.float32, device=dev)  # (B,)
+        done = torch.tensor(done, dtype=torch.float32, device=dev)  # (B,)
         q, v = self.net(list(s))  # (B, E, A+1), (B, E)
         with torch.no_grad():
             _, v_next = self.target(list(s2))  # (B, E)
             y = td_targets(r, done, v_next, self.cfg.gamma)  # (B, E)
             q_targ, _ = self.target(list(s))  # (B, E, A+1)
-            probs = None if policy_probs is None else torch.as_tensor(policy_probs(list(s)))
+            probs = None if policy_probs is None else \
+                torch.as_tensor(policy_probs(list(s)), device=dev)
             yv = v_targets(q_targ, probs, a)  # (B, E)
         q_a = q.gather(-1, a.view(-1, 1, 1).expand(-1, q.shape[1], 1)).squeeze(-1)  # (B, E)
         q_loss = ((q_a - y) ** 2).mean(0).sum()
@@ -316,7 +338,8 @@ class ArcherCritic:
     @torch.no_grad()
     def advantages(self, keys, actions) -> Tensor:
         q, v = self.net(list(keys))
-        return advantages_from_critic(q, v, torch.as_tensor(actions, dtype=torch.long))
+        return advantages_from_critic(q, v, torch.as_tensor(actions, dtype=torch.long,
+                                                            device=self.net.device))
 
     @torch.no_grad()
     def values(self, keys) -> tuple[Tensor, Tensor]:
@@ -335,6 +358,33 @@ def fit_critic(episodes, num_actions: int, cfg: ArcherConfig | None = None, feat
     critic.add(episodes)
     critic.update(num_steps, policy_probs)
     return critic
+
+
+def key_critic(env, cfg: ArcherConfig | None = None,
+               rng: np.random.Generator | None = None) -> ArcherCritic:
+    """An ArCHer critic over the environment's dense key features (``env.key_features``): with
+    ``cfg.hidden`` > 0 the reference's MLP per head (twin Q over ``len(env.actions) + 1`` columns
+    and twin V), generalising across belief states; the target net a frozen copy. Lives on the host
+    (CPU), whatever torch's default device."""
+    D = len(env.key_features(env.start_key()))
+    with torch.device("cpu"):
+        return ArcherCritic(len(env.actions), cfg, env.key_features, D, rng)
+
+
+def lm_credit_fn(critic: ArcherCritic, critic_updates: int, policy_probs=None):
+    """ArCHer's turn critic as a ``credit_fn`` for the one LM loop (``grpo.train(...,
+    credit_fn=)``): on each batch of LM episodes it adds their turns to the replay buffer, takes
+    ``critic_updates`` TD steps (each with a soft target update; V target = Q^targ of the logged
+    action unless ``policy_probs`` is given) and returns A(s_t, a_t) = min_e Q_e - min_e V_e of
+    each turn from the updated online critic, (T_i,) per episode; the loop spreads each over its
+    turn's tokens. The last critic metrics are kept in ``fn.metrics`` (one dict per call)."""
+    def fn(episodes) -> list[np.ndarray]:
+        critic.add(episodes)
+        fn.metrics.append(critic.update(critic_updates, policy_probs))
+        return archer_advantages(episodes, critic)
+
+    fn.critic, fn.metrics = critic, []
+    return fn
 
 
 def archer_advantages(episodes, critic: ArcherCritic) -> list[np.ndarray]:

@@ -12,6 +12,7 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
   the same state, each scored by its discounted return-to-go. Taken from the paper: A = A^E +
   omega * A^S, gamma = 0.95, omega = 1, normalisation by the group std or by 1 ("mean_norm").
   Inferred: a singleton anchor group gets A^S = 0 and std uses ddof=1 (as the episode groups).
+  ``anchor_share`` is the fraction of turns in groups of two or more (where A^S can be nonzero).
 - ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
   ``archer.py``, SPA-RL's progress model in ``spa.py``).
 
@@ -34,9 +35,9 @@ def episode_returns_to_go(episodes, gamma: float) -> list[np.ndarray]:
     ``core.discounted_returns`` call on the rewards right-padded with zeros to (B, T) (float64;
     the padding adds exactly 0 to every real return)."""
     T = max((len(ep) for ep in episodes), default=0)
-    r = torch.zeros(len(episodes), T, dtype=torch.float64)  # (B, T)
+    r = torch.zeros(len(episodes), T, dtype=torch.float64, device="cpu")  # (B, T) host numerics
     for i, ep in enumerate(episodes):
-        r[i, :len(ep)] = torch.tensor(ep.rewards, dtype=torch.float64)
+        r[i, :len(ep)] = torch.tensor(ep.rewards, dtype=torch.float64, device="cpu")
     g = discounted_returns(r, gamma).numpy()  # (B, T)
     return [g[i, :len(ep)] for i, ep in enumerate(episodes)]
 
@@ -84,6 +85,23 @@ def anchor_groups(episodes, key=None) -> dict:
     return dict(groups)
 
 
+def anchor_share(episodes, key=None, min_size: int = 2) -> float:
+    """The fraction of the batch's turns that sit in an anchor group (``anchor_groups``) of at
+    least ``min_size`` turns: where GiGPO's step term can be nonzero (a singleton group gets
+    A^S = 0, so on the other turns GiGPO is GRPO). 0.0 for a batch without turns.
+
+    >>> from agentrl_lib.rollout import Episode
+    >>> eps = [Episode.of(["s", "x"], [0, 1]), Episode.of(["s", "y", "z"], [0, 0, 0])]
+    >>> anchor_share(eps)  # the two turns from s of 5
+    0.4
+    """
+    turns = sum(len(ep) for ep in episodes)
+    if turns == 0:
+        return 0.0
+    shared = sum(len(m) for m in anchor_groups(episodes, key).values() if len(m) >= min_size)
+    return shared / turns
+
+
 def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,
                     eps: float = 1e-4, key=None) -> list[np.ndarray]:
     """A^S: each turn's discounted return-to-go normalised within its anchor-state group."""
@@ -118,13 +136,14 @@ def turn_gae(episodes, values, gamma: float = 0.95, lam: float = 0.95,
         if T == 0:
             out.append(np.zeros(0))
             continue
-        r = torch.tensor(ep.rewards, dtype=torch.float64)[None]  # (1, T)
-        v_t = torch.as_tensor(np.asarray(v, dtype=np.float64))[None]  # (1, T)
-        done = torch.zeros(1, T, dtype=torch.float64)
+        host = dict(dtype=torch.float64, device="cpu")
+        r = torch.tensor(ep.rewards, **host)[None]  # (1, T)
+        v_t = torch.as_tensor(np.asarray(v, dtype=np.float64), **host)[None]  # (1, T)
+        done = torch.zeros(1, T, **host)
         v_last = 0.0 if last_values is None else float(last_values[i])
         if not ep.truncated:
             done[0, -1] = 1.0
-        adv, _ = gae_advantages(r, v_t, done, torch.tensor([v_last], dtype=torch.float64),
+        adv, _ = gae_advantages(r, v_t, done, torch.tensor([v_last], **host),
                                 gamma, lam)
         out.append(adv[0].numpy())
     return out
@@ -137,7 +156,7 @@ def to_token_advantages(episodes, turn_advantages) -> list[torch.Tensor]:
     for ep, adv in zip(episodes, turn_advantages):
         if ep.turn_spans is None:
             raise ValueError("to_token_advantages needs token-level episodes (turn_spans is None)")
-        tok = torch.zeros(len(ep.token_ids))
+        tok = torch.zeros(len(ep.token_ids), device="cpu")
         for (start, end), a in zip(ep.turn_spans, adv):
             tok[start:end] = float(a)
         out.append(tok)

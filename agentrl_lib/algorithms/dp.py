@@ -19,7 +19,8 @@ Tensor = torch.Tensor
 
 def uniform_policy(mdp: TabularMDP) -> Tensor:
     """pi(a|s) = 1/A for every state. (S, A)"""
-    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=DTYPE)
+    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=DTYPE,
+                      device=mdp.P.device)
 
 
 def _continuing(mdp: TabularMDP) -> Tensor:
@@ -36,7 +37,7 @@ def policy_evaluation(mdp: TabularMDP, pi: Tensor) -> Tensor:
     live = (~mdp.terminal).to(DTYPE)
     P_pi = torch.einsum("sa,sat->st", pi, _continuing(mdp))  # (S, S)
     r_pi = (pi * mdp.R).sum(-1) * live  # (S,)
-    eye = torch.eye(mdp.num_states, dtype=DTYPE)
+    eye = torch.eye(mdp.num_states, dtype=DTYPE, device=mdp.P.device)
     return torch.linalg.solve(eye - mdp.gamma * P_pi, r_pi)
 
 
@@ -71,7 +72,7 @@ def value_iteration(mdp: TabularMDP, tol: float = 1e-10, max_iters: int = 10_000
     """V_{k+1}(s) = max_a [R(s, a) + gamma sum_s' P(s'|s, a) V_k(s')] until the sup-norm change
     is below ``tol``. Returns (V*, greedy pi*, number of sweeps, list of sup-norm changes).
     """
-    v = torch.zeros(mdp.num_states, dtype=DTYPE)
+    v = torch.zeros(mdp.num_states, dtype=DTYPE, device=mdp.P.device)
     deltas = []
     for k in range(1, max_iters + 1):
         v_new = q_from_v(mdp, v).max(-1).values
@@ -102,21 +103,26 @@ def policy_iteration(mdp: TabularMDP, pi: Tensor | None = None, max_iters: int =
 
 
 def finite_horizon_advantages(mdp, pi, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact A^pi_t(s, a) and V^pi_t(s) of a stationary policy pi (S, A) when the episode is cut
-    after ``horizon`` turns. With h = horizon - t turns left:
+    """Exact A^pi_t(s, a) and V^pi_t(s) of a policy pi when the episode is cut after ``horizon``
+    turns. With h = horizon - t turns left:
 
         V_0 = 0,  Q_h(s, a) = R(s, a) + gamma sum_s' P(s'|s, a) V_{h-1}(s')  (0 at terminals),
-        V_h(s) = sum_a pi(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
+        V_h(s) = sum_a pi_t(a|s) Q_h(s, a),  A_t = Q_{H-t} - V_{H-t}.
 
+    pi: (S, A) stationary, or (H, S, A) one policy per turn t = 0..H-1 (an agent that reads the
+    turn counter, e.g. an LM whose observation says "Turn t/H").
     Returns (A, V) of shapes (H, S, A) and (H, S), indexed by the turn t = 0..H-1.
     """
-    pi = torch.as_tensor(pi, dtype=torch.float64)
+    pi = torch.as_tensor(pi, dtype=torch.float64, device=mdp.P.device)
+    if pi.dim() == 3 and pi.shape[0] != horizon:
+        raise ValueError(f"a per-turn policy needs {horizon} rows, got {pi.shape[0]}")
     live = (~mdp.terminal).to(torch.float64)  # (S,)
-    v = torch.zeros(mdp.num_states, dtype=torch.float64)
+    v = torch.zeros(mdp.num_states, dtype=torch.float64, device=mdp.P.device)
     adv, val = [], []
-    for _ in range(horizon):
+    for h in range(1, horizon + 1):
+        pi_t = pi[horizon - h] if pi.dim() == 3 else pi  # (S, A) at turn t = H - h
         q = (mdp.R + mdp.gamma * torch.einsum("sat,t->sa", mdp.P, v)) * live[:, None]  # (S, A)
-        v = (pi * q).sum(-1)  # (S,)
+        v = (pi_t * q).sum(-1)  # (S,)
         adv.append(q - v[:, None])
         val.append(v)
     return torch.stack(adv[::-1]), torch.stack(val[::-1])  # (H, S, A), (H, S)
@@ -124,7 +130,7 @@ def finite_horizon_advantages(mdp, pi, horizon: int) -> tuple[torch.Tensor, torc
 
 def alive_distribution(mdp, pi, horizon: int) -> torch.Tensor:
     """d_t(s) = P(s_t = s and the episode still running at turn t), t = 0..H-1. (H, S)"""
-    pi = torch.as_tensor(pi, dtype=torch.float64)
+    pi = torch.as_tensor(pi, dtype=torch.float64, device=mdp.P.device)
     live = (~mdp.terminal).to(torch.float64)
     P_pi = torch.einsum("sa,sat->st", pi, mdp.P)  # (S, S)
     d = mdp.init.to(torch.float64) * live
@@ -139,7 +145,7 @@ def exact_pg_direction(mdp, pi, horizon: int) -> torch.Tensor:
     """E[sum_t A_t(s_t, a_t) (onehot(a_t) - pi(s_t))] per episode, with the exact finite-horizon
     A_t: sum_t d_t(s) pi(b|s) A_t(s, b) (the -pi(s) term vanishes since sum_a pi A_t = 0). (S, A)
     No gamma^t factor: the same weighting as the sampled estimators."""
-    pi = torch.as_tensor(pi, dtype=torch.float64)
+    pi = torch.as_tensor(pi, dtype=torch.float64, device=mdp.P.device)
     adv, _ = finite_horizon_advantages(mdp, pi, horizon)  # (H, S, A)
     d = alive_distribution(mdp, pi, horizon)  # (H, S)
     return torch.einsum("ts,sa,tsa->sa", d, pi, adv)

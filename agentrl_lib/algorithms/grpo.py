@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from agentrl_lib import core
 from agentrl_lib.algorithms import credit
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
-    generation_logps, lm_rollout, pad_episodes
+    generation_logps, lm_rollout, model_device, pad_episodes, token_generator
 from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
@@ -259,9 +259,9 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
 def score(reward_funcs, texts: list[str], problems: list[dict]) -> Tensor:
     """Sum of the reward functions (TRL signature) over aligned completions and problem columns."""
     columns = {k: [p.get(k) for p in problems] for k in problems[0] if k != "prompt"}
-    total = torch.zeros(len(texts))
+    total = torch.zeros(len(texts), device="cpu")
     for f in reward_funcs:
-        total += torch.tensor(f(texts, **columns), dtype=torch.float32)
+        total += torch.tensor(f(texts, **columns), dtype=torch.float32, device="cpu")
     return total
 
 
@@ -296,18 +296,25 @@ class Batch:
 
 def _draws(population, cfg, what: str):
     """The two generators of a sampler, seeded by ``cfg.seed``: which prompts (python's random)
-    and which tokens (torch)."""
+    and which tokens (``tokens(model)``: a torch generator made on the model's device at the first
+    call, ``rollout.token_generator``)."""
     if len(population) < cfg.num_prompts:
         raise ValueError(f"num_prompts={cfg.num_prompts} is more than the {len(population)} "
                          f"training {what}")
-    return random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    made = []
+
+    def tokens(model) -> torch.Generator:
+        if not made:
+            made.append(token_generator(model, cfg.seed))
+        return made[0]
+    return random.Random(cfg.seed), tokens
 
 
 def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list, cfg):
     """``sample(model) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
     generate ``cfg.group_size`` completions of each at ``cfg.temperature`` within
     ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``."""
-    rng, gen_rng = _draws(train_problems, cfg, "problems")
+    rng, tokens = _draws(train_problems, cfg, "problems")
 
     def sample(model) -> Batch:
         t0 = time.time()
@@ -315,7 +322,7 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
         problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
         model.eval()
         gen = generate(model, tokenizer, format_prompts(tokenizer, problems), cfg.max_new_tokens,
-                       temperature=cfg.temperature, generator=gen_rng)
+                       temperature=cfg.temperature, generator=tokens(model))
         t_gen = time.time() - t0
         rewards = score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B*G,)
         return Batch(gen, rewards, {"rollout/reward": rewards.mean().item(),
@@ -330,15 +337,15 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
     play ``cfg.group_size`` episodes of each with ``rollout.lm_rollout`` (at most ``cfg.max_turns``
     turns of ``cfg.max_new_tokens`` tokens). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
-    rng, gen = _draws(train_seeds, cfg, "task seeds")
+    rng, tokens = _draws(train_seeds, cfg, "task seeds")
 
     def sample(model) -> Batch:
         t0 = time.perf_counter()
         seeds = rng.sample(list(train_seeds), cfg.num_prompts)
         eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, cfg.max_turns,
-                         cfg.max_new_tokens, cfg.temperature, gen, system_prompt)
+                         cfg.max_new_tokens, cfg.temperature, tokens(model), system_prompt)
         t_gen = time.perf_counter() - t0
-        device = next(model.parameters()).device
+        device = model_device(model)
         seqs = pad_episodes(eps, tokenizer.pad_token_id, device)
         returns = torch.tensor([ep.ret for ep in eps], dtype=torch.float32, device=device)
         return Batch(seqs, returns, {"rollout/reward": float(np.mean([ep.ret for ep in eps])),
@@ -348,24 +355,30 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
 
 
 # --- advantages and the update -------------------------------------------------------------------
-def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None) -> Batch:
+def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
+               credit_fn=None) -> Batch:
     """The batch with ``advantages`` set and the rows the update should not see removed.
 
     Single-turn: DAPO's overlong penalty is added to the rewards (then ``rollout/reward`` is the
     shaped mean), ``core.group_advantages`` of the (num_prompts, group_size) rewards, then overlong
-    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``
-    spread over each turn's action tokens (``credit.to_token_advantages``), (B, T).
+    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``,
+    or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
+    progress model: any turn-level estimator, which may update its own state on the batch), spread
+    over each turn's action tokens (``credit.to_token_advantages``), (B, T).
     ``rollout/kept_frac`` is the fraction of rows kept.
     """
     g, metrics = batch.seqs, dict(batch.metrics)
     if batch.episodes is not None:
         if cfg.overlong_buffer > 0 or cfg.overlong_filter:
             raise ValueError("overlong_buffer and overlong_filter are single-turn options")
-        tok_adv = credit.to_token_advantages(batch.episodes, turn_advantages(batch.episodes, cfg))
+        turn_adv = (credit_fn or (lambda eps: turn_advantages(eps, cfg)))(batch.episodes)
+        tok_adv = credit.to_token_advantages(batch.episodes, turn_adv)
         T = g.completion_ids.shape[1]
         adv = torch.stack([F.pad(a, (0, T - len(a))) for a in tok_adv]).to(g.logps.device)  # (B, T)
         rewards = batch.rewards
     else:
+        if credit_fn is not None:
+            raise ValueError("credit_fn is a multi-turn option (the batch has no episodes)")
         rewards = batch.rewards
         if cfg.overlong_buffer > 0:
             lengths = g.completion_mask.sum(-1)
@@ -448,15 +461,16 @@ def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=Non
 
 
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
-          on_step=None, eos_id: int | None = None) -> list[dict]:
+          on_step=None, eos_id: int | None = None, credit_fn=None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
-    ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``. Returns the logged rows (``loop``)."""
+    ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
+    estimator (``advantages``). Returns the logged rows (``loop``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
     def update_fn(batch: Batch) -> dict:
-        batch = advantages(batch, cfg, eos_id)
+        batch = advantages(batch, cfg, eos_id, credit_fn)
         return {**batch.metrics, **update(model, opt, batch, cfg, ref_model)}
 
     return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
@@ -484,6 +498,6 @@ def evaluate_agent(model, tokenizer, make_env, seeds: list[int], max_turns: int,
     samples=0: greedy, one episode per seed; else ``samples`` episodes per seed, sampled with a
     generator seeded by ``seed`` (the same draws at every call)."""
     eps = lm_rollout(model, tokenizer, make_env, seeds, max(samples, 1), max_turns, max_new_tokens,
-                     temperature, torch.Generator().manual_seed(seed), system_prompt,
+                     temperature, token_generator(model, seed), system_prompt,
                      greedy=samples == 0)
     return episode_stats(eps)

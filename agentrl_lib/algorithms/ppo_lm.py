@@ -175,7 +175,8 @@ class ValueModel(nn.Module):
     def __init__(self, trunk: nn.Module, hidden_size: int):
         super().__init__()
         self.trunk = trunk
-        self.head = nn.Linear(hidden_size, 1)
+        device = next(trunk.parameters()).device
+        self.head = nn.Linear(hidden_size, 1, device=device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -347,7 +348,7 @@ def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, bat
     critic.train()
     clip_groups = [pol_params + crit_params] if shared else [pol_params, crit_params]
     for _ in range(cfg.num_epochs):
-        order = torch.randperm(B, generator=shuffle).to(batch["completion_ids"].device)
+        order = torch.randperm(B, generator=shuffle, device="cpu").to(batch["completion_ids"].device)
         for start in range(0, B, mb):
             idx = order[start:start + mb]
             mask = batch["completion_mask"][idx]
@@ -393,7 +394,7 @@ def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | N
         raise ValueError(f"cfg.critic={cfg.critic!r} but the given critic "
                          f"{'shares' if critic.shares_trunk_with(model) else 'does not share'} "
                          f"the policy's trunk")
-    shuffle = torch.Generator().manual_seed(cfg.seed + 1)
+    shuffle = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)  # host: minibatch order
     opt = make_optimizer(model, critic, cfg)
 
     def update(batch: grpo.Batch) -> dict:

@@ -7,6 +7,9 @@
   scripted agent's conversations in a multi-turn environment (``AgentSFTConfig``: the epsilon-noisy
   optimal policy of ``scripted_policy``, rendered as ``rollout.lm_rollout`` would record them; the
   loss is on the agent's tokens only).
+- Pretraining (``PretrainConfig``): next-token prediction on every token of the project's own
+  corpora (worked solutions of the text tasks at every difficulty, scripted agents' conversations),
+  for the larger model of the ``gpu`` profiles; SFT configs start from it with ``init``.
 - ``checkpoint(cfg)``: the cached ``save_pretrained`` folder of a config, trained first when it is
   missing, incomplete, unreadable or recorded with another config. The key is a hash of the config
   (and ``FORMAT_VERSION``), so notebooks that ask for the same base share it; writes are atomic.
@@ -28,11 +31,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentrl_lib.algorithms.dp import q_from_v, value_iteration
+from agentrl_lib.envs import AGENT_ENVS, make_agent_env
 from agentrl_lib.envs.multiturn import GridAgentEnv
-from agentrl_lib.envs.text_tasks import make_problems, reference_completion
-from agentrl_lib.models.loading import SFT_PREFIX, cache_root, load_policy, save_checkpoint
-from agentrl_lib.models.tiny_lm import new_model
+from agentrl_lib.envs.shop import ShopEnv, make_catalog
+from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
+from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
+from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
+    save_checkpoint
+from agentrl_lib.models.tiny_lm import SIZES, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, pad_examples, play_episodes, \
     text_episodes_to_tokens
 from agentrl_lib.utils import optimizer_step
@@ -64,7 +70,7 @@ def fit(model, next_batch, loss_fn, steps: int, lr: float, weight_decay: float =
     if schedule == "cosine":
         warm = max(1, steps // 20)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-            1 + math.cos(math.pi * min(1.0, s / steps))))
+            1 + math.cos(math.pi * min(1.0, s / max(steps, 1)))))
     history = []
     model.train()
     for step in range(steps):
@@ -102,16 +108,31 @@ class SFTConfig:
     rather than the worked steps. A base SFT'd on such a mix sometimes works a chain out and
     sometimes answers at once, and working it out is right far more often: a behaviour that RL
     can select, on every prompt, held-out ones included (notebook 11)"""
+    init: str = ""
+    """start from this checkpoint (a base name such as ``agentrl-sft/pretrain-medium``, or a
+    folder) instead of a fresh ``size`` model"""
+    device: str = "cpu"
+    """where it is trained: 'cpu', or 'cuda' for the larger bases (refused without a GPU)"""
 
 
 # Fields added after FORMAT_VERSION 1 enter a config's identity (cache key, recorded config) only
 # when set, so checkpoints cached before they existed stay valid.
-_ADDED_FIELDS = {"direct_fraction": 0.0}
+_ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "cpu"}
 
 
 def _identity(cfg) -> dict:
-    return {k: v for k, v in asdict(cfg).items()
-            if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+    out = {k: v for k, v in asdict(cfg).items()
+           if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+    if _init_base(out.get("init", "")) is not None:  # a changed start rebuilds this base
+        out["init"] = f"{out['init']}@{config_key(_init_base(out['init']))}"
+    return out
+
+
+def _init_base(init: str):
+    """The ``BASE_MODELS`` config an ``init`` names (with or without the ``agentrl-sft/``
+    prefix), or None (a folder, or no init)."""
+    name = init[len(SFT_PREFIX):] if init.startswith(SFT_PREFIX) else init
+    return BASE_MODELS.get(name) if init else None
 
 
 def task_examples(cfg: SFTConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -131,8 +152,9 @@ def task_examples(cfg: SFTConfig, tokenizer) -> list[tuple[list[int], list[int]]
 
 
 def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
-    """Train from scratch on the text task; returns (model, tokenizer, [(step, loss)])."""
-    model, tok = new_model(cfg.size, seed=cfg.seed)
+    """Train from scratch (or from ``cfg.init``) on the text task; returns (model, tokenizer,
+    [(step, loss)])."""
+    model, tok = start_model(cfg)
     examples = task_examples(cfg, tok)
     rng = random.Random(cfg.seed)
     history = fit(model, lambda _: rng.sample(examples, min(cfg.batch_size, len(examples))),
@@ -143,25 +165,16 @@ def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
 
 # --- agent SFT on a scripted policy -----------------------------------------------------------------
 def scripted_policy(epsilon: float, rng: np.random.Generator):
-    """A ``play_episodes`` policy for an env with an exact tabular form per task (``GridAgentEnv``):
-    with probability 1 - epsilon one of the optimal moves (uniformly among ties, from the task's
-    exact Q*), else a uniformly random move."""
-    qcache = {}
-
+    """A ``play_episodes`` policy for an env with ``expert_actions()`` (the multi-turn protocol):
+    with probability 1 - epsilon one of the optimal actions (uniformly among ties), else a
+    uniformly random action of ``env.actions``."""
     def act(envs, observations):
         out = []
         for env in envs:
             if rng.random() < epsilon:
                 out.append(int(rng.integers(len(env.actions))))
                 continue
-            key = env.task
-            if key not in qcache:
-                mdp = env.tabular_form(*env.task)
-                v, _, _, _ = value_iteration(mdp)
-                qcache[key] = q_from_v(mdp, v).numpy()
-            q = qcache[key][env.state_index()]  # (A,) in tabular order
-            qt = np.array([q[env.action_index(a)] for a in env.actions])  # text order
-            best = np.flatnonzero(qt >= qt.max() - 1e-9)
+            best = np.array([env.actions.index(a) for a in env.expert_actions()])
             out.append(int(rng.choice(best)))
         return out
     return act
@@ -172,7 +185,7 @@ class AgentSFTConfig:
     size: str = "tiny-64"
     """named model size (tiny_lm.SIZES)"""
     env_kwargs: dict = field(default_factory=dict)
-    """GridAgentEnv(**env_kwargs) of the demonstrations (layout, max_turns, ...)"""
+    """``envs.AGENT_ENVS[env](**env_kwargs)`` plays the demonstrations (layout, max_turns, ...)"""
     epsilon: float = 0.3
     """the scripted policy's random-move probability (its demonstrations are imitated, noise too)"""
     num_episodes: int = 2000
@@ -186,15 +199,25 @@ class AgentSFTConfig:
     """AdamW, linear warm-up over 5% then cosine decay (as train_sft); 3e-3 stalls at the
     format (uniform over the moves) on the grid, 1e-3 learns to read the position"""
     system_prompt: str = GridAgentEnv.system_prompt
+    """give the environment's own (``env.system_prompt``) for another env than the grid"""
     seed: int = 0
+    env: str = "grid"
+    """the environment (a key of ``envs.AGENT_ENVS``; it needs ``expert_actions``)"""
+    init: str = ""
+    """the model to fine-tune: '' a fresh ``tiny_lm.new_model(size, seed)``, a name of
+    ``BASE_MODELS`` (its cached checkpoint, built first if missing; the same size), e.g. a larger
+    grid's base fine-tuned from the 3x3 one, whose short conversations are cheap to train on, or a
+    checkpoint folder"""
+    device: str = "cpu"
+    """where it is trained (as ``SFTConfig.device``)"""
 
 
 def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
-    """Train the tiny LM from scratch on the scripted policy's conversations (loss on the agent
-    tokens only). Returns (model, tokenizer, [(step, loss)])."""
-    model, tok = new_model(cfg.size, seed=cfg.seed)
+    """Train the tiny LM (from scratch, or from ``cfg.init``) on the scripted policy's
+    conversations (loss on the agent tokens only). Returns (model, tokenizer, [(step, loss)])."""
+    model, tok = start_model(cfg)
     rng = np.random.default_rng(cfg.seed)
-    make_env = lambda: GridAgentEnv(**cfg.env_kwargs)  # noqa: E731
+    make_env = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
     seeds = [cfg.seed_offset + i for i in range(cfg.num_episodes)]
     eps = play_episodes(make_env, scripted_policy(cfg.epsilon, rng), seeds, 1, cfg.max_turns)
     text_episodes_to_tokens(tok, eps, cfg.system_prompt)
@@ -210,6 +233,98 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
     return model, tok, history
 
 
+# --- where a base starts, and pretraining -------------------------------------------------------------
+def train_device(device: str) -> str:
+    """The device a base is trained on; 'cuda' without one is refused, naming the way out."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"this base is trained on a GPU (device={device!r}) and torch sees none: "
+                         f"build it where there is one (`agentrl cache <name>`) and copy its folder "
+                         f"into {cache_root() / 'sft'}, or pick a CPU base")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    return device
+
+
+def start_model(cfg):
+    """The model a config trains from, on ``cfg.device``: a fresh ``cfg.size`` model seeded with
+    ``cfg.seed``, or the checkpoint ``cfg.init`` (whose size must be ``cfg.size``)."""
+    device = train_device(cfg.device)
+    if not getattr(cfg, "init", ""):
+        model, tok = new_model(cfg.size, seed=cfg.seed)
+        return model.to(device), tok
+    parent = _init_base(cfg.init)
+    model, tok = load_policy(str(checkpoint(parent, verbose=False)) if parent else cfg.init,
+                             device=device)
+    want = SIZES[cfg.size]["hidden_size"], SIZES[cfg.size]["num_hidden_layers"]
+    got = model.config.hidden_size, model.config.num_hidden_layers
+    if got != want:
+        raise ValueError(f"init {cfg.init!r} has (hidden, layers) = {got}, but size {cfg.size!r} "
+                         f"is {want}")
+    return model, tok
+
+
+@dataclass
+class PretrainConfig:
+    """Next-token prediction on every token of the project's own corpora, from scratch."""
+
+    size: str = "medium-512"
+    corpora: tuple = ("arithmetic", "countdown", "chain", "grid")
+    """text tasks (``text_tasks.GENERATORS``: train-split problems at difficulties 1-4 with their
+    worked reference completions, in the chat template) and agent environments
+    (``envs.AGENT_ENVS``: a scripted policy's conversations at epsilon 0.3)"""
+    docs_per_corpus: int = 40_000
+    """documents drawn from each corpus (fewer where a small task space runs out)"""
+    steps: int = 4000
+    batch_size: int = 128
+    lr: float = 6e-4
+    """AdamW, weight decay 0.1, linear warm-up over 5% then cosine decay (GPT-2-style settings,
+    chosen here, not tuned)"""
+    seed: int = 0
+    device: str = "cuda"
+
+
+def pretrain_documents(cfg: PretrainConfig, tokenizer) -> list[list[int]]:
+    """The token ids of every document of ``cfg.corpora``, in corpus order."""
+    docs = []
+    for name in cfg.corpora:
+        if name in GENERATORS:
+            per = max(1, cfg.docs_per_corpus // 4)
+            for d in (1, 2, 3, 4):
+                for p in make_problems(name, per, d, "train", seed=cfg.seed, strict=False):
+                    docs.append(chat_example(tokenizer, p["prompt"], reference_completion(p))[0])
+        elif name in AGENT_ENVS:
+            env = make_agent_env(name)
+            seeds = [2_000_000 + i for i in range(cfg.docs_per_corpus)]
+            eps = play_episodes(lambda: make_agent_env(name),
+                                scripted_policy(0.3, np.random.default_rng(cfg.seed)), seeds, 1,
+                                env.max_turns)
+            text_episodes_to_tokens(tokenizer, eps, env.system_prompt)
+            docs += [list(ep.prompt_ids) + list(ep.token_ids) for ep in eps]
+        else:
+            raise ValueError(f"unknown corpus {name!r}; choose text tasks {list(GENERATORS)} or "
+                             f"agent environments {list(AGENT_ENVS)}")
+    return docs
+
+
+def train_pretrain(cfg: PretrainConfig, verbose: bool = True):
+    """Pretrain a fresh ``cfg.size`` model on ``pretrain_documents`` (loss on every token) with
+    ``fit``. Returns (model, tokenizer, [(step, loss)])."""
+    model, tok = start_model(cfg)
+    docs = [(ids, [1] * len(ids)) for ids in pretrain_documents(cfg, tok)]
+    if verbose:
+        print(f"pretraining {cfg.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+              f"parameters) on {len(docs)} documents, {sum(len(x) for x, _ in docs)} tokens",
+              flush=True)
+    rng = random.Random(cfg.seed)
+    if str(cfg.device).startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matmuls
+    history = fit(model, lambda _: rng.sample(docs, min(cfg.batch_size, len(docs))),
+                  lambda b: masked_nll(model, b, tok.pad_token_id), cfg.steps, cfg.lr,
+                  weight_decay=0.1, log_every=max(1, cfg.steps // 20), verbose=verbose,
+                  label="pretrain")
+    return model, tok, history
+
+
 # --- the cache and the named bases --------------------------------------------------------------------
 # The named base models that notebooks share (``load_base("agentrl-sft/<name>")``).
 # arith-tiny: 1500 steps reach about 30% greedy held-out accuracy on 2-digit arithmetic (measured
@@ -217,6 +332,28 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
 # chain-mix-tiny: worked chains for half the problems, the answer alone for the other half; the
 # start of notebooks 11-13 (RL learns to work the chain out; see SFTConfig.direct_fraction).
 # grid-agent-tiny: the agent SFT start of notebook 30's ci/cpu profiles.
+# shop-agent-tiny: notebook 33's LM agent: ShopEnv's 4-item catalog, short observations, 6 turns
+# for a 5-step purchase, imitating the 10%-noisy optimal policy (ShopEnv.expert_actions) for 400
+# steps (a few CPU minutes); its panel success is measured in notebook 33 (section 6).
+# grid5-agent-tiny: the LM part of notebook 31 (GiGPO vs GRPO): a 5x5 grid with three walls and a
+# turn cap of 10, so a group's episodes revisit cells (anchor groups beyond the first turn). Its
+# conversations are long (up to 10 turns of ~125 characters, ~1 s per step of 8 on 2 cores), so
+# the build is kept to a few minutes: 200 steps of 8, fine-tuning grid-agent-tiny (the 3x3 agent)
+# at epsilon 0.5. Measured while notebook 31 was written: it writes valid moves (0.2% invalid)
+# but navigates at about chance (0.11 sampled success on 64 panel episodes; 300 steps from
+# scratch at epsilon 0.3 gave 0.15; random moves ~0.16): a weak start, with all the room for RL.
+# tq-agent-tiny: TwentyQuestions with 4 items (two questions identify one), a useless third question
+# and 3 turns, brief observations; imitates the epsilon = 0.5 scripted policy, whose exact success is
+# 0.583 (optimal play: 1.0, uniform actions: 0.370): the LM start of notebook 32's last part. 800
+# steps at lr 2e-3 (about 2 min on 2 free cores): sampled success 0.39 (invalid turns 5%), greedy
+# 1.0 on a 64-seed panel; 400 steps at 1e-3 left half the sampled turns malformed.
+TQ_AGENT_GAME = dict(items=["dog", "eagle", "car", "airplane"],
+                     attributes=["alive", "able to fly", "edible"], max_turns=3, brief=True)
+"""the TwentyQuestions game of ``tq-agent-tiny`` (``TwentyQuestionsEnv(**TQ_AGENT_GAME)``)"""
+# *-medium: the gpu profiles' starts, a 34M-parameter model pretrained on a GPU (about 1M tokens
+# a step budget of 4000 x 128 documents; minutes on one H100, never built on the CPU) and then
+# fine-tuned like the tiny bases; the SFT settings are the tiny ones at a lower lr (not tuned).
+_MEDIUM = dict(size="medium-512", init="agentrl-sft/pretrain-medium", device="cuda", lr=3e-4)
 BASE_MODELS = {
     "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
@@ -226,10 +363,25 @@ BASE_MODELS = {
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                       epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    "shop-agent-tiny": AgentSFTConfig(env="shop", env_kwargs=dict(
+        catalog=make_catalog(2, 2, 2, 2, 2, seed=0), max_turns=6, obs_format="short"),
+        system_prompt=ShopEnv.system_prompt, epsilon=0.1, steps=400, max_turns=6, lr=1e-3),
+    "grid5-agent-tiny": AgentSFTConfig(
+        env_kwargs=dict(layout=[".....", ".#.#.", ".....", "..#..", "....."], max_turns=10),
+        epsilon=0.5, steps=200, batch_size=8, max_turns=10, lr=1e-3, init="grid-agent-tiny"),
+    "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
+                                    system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
+                                    steps=800, max_turns=3, lr=2e-3),
+    "pretrain-medium": PretrainConfig(size="medium-512", device="cuda"),
+    "arith-medium": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_MEDIUM),
+    "chain-mix-medium": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
+                                  direct_fraction=0.5, **_MEDIUM),
+    "grid-agent-medium": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
+                                        epsilon=0.3, steps=1100, max_turns=4, **_MEDIUM),
 }
 
 
-def base_config(name: str) -> SFTConfig | AgentSFTConfig:
+def base_config(name: str) -> SFTConfig | AgentSFTConfig | PretrainConfig:
     name = name[len(SFT_PREFIX):] if name.startswith(SFT_PREFIX) else name
     if name not in BASE_MODELS:
         raise ValueError(f"unknown base model {name!r}; the built-in ones are {list(BASE_MODELS)}")
@@ -245,11 +397,25 @@ def checkpoint_path(cfg) -> Path:
     """Where the cache keeps ``cfg``'s checkpoint (whether or not it is built)."""
     if isinstance(cfg, AgentSFTConfig):
         return cache_root() / "sft" / f"agent-{cfg.size}-{config_key(cfg)}"
+    if isinstance(cfg, PretrainConfig):
+        return cache_root() / "sft" / f"pretrain-{cfg.size}-{config_key(cfg)}"
     return cache_root() / "sft" / f"{cfg.size}-{cfg.task}-{config_key(cfg)}"
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "bases"
+"""the small bases shipped in the repository (``agentrl cache --ship NAME`` writes them; a few
+hundred kB each): a missing cache entry is copied from here when its recorded config is the
+config's, instead of being trained (which gives the same weights: the builds are deterministic)"""
+
+
+def _recorded(folder: Path) -> dict | None:
+    meta = folder / "agentrl_sft.json"
+    return json.loads(meta.read_text())["config"] if meta.is_file() else None
+
+
 def checkpoint(cfg, verbose: bool = True) -> Path:
-    """The cached checkpoint folder for ``cfg``, trained first when missing or unusable."""
+    """The cached checkpoint folder for ``cfg``: copied from ``SHIPPED`` or trained first when
+    missing or unusable."""
     path = checkpoint_path(cfg)
     meta = path / "agentrl_sft.json"
     recorded_config = json.loads(json.dumps(_identity(cfg), default=list))
@@ -267,10 +433,13 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
             print(f"cached SFT model at {path} is unusable: {problem}; rebuilding it")
     elif path.exists() and verbose:
         print(f"cached SFT model at {path} is incomplete; rebuilding it")
+    if _recorded(SHIPPED / path.name) == recorded_config:
+        return install_folder(SHIPPED / path.name, path)
     if verbose:
         print(f"training the SFT base model {cfg} (cached at {path} afterwards)")
     t0 = time.time()
-    train = train_agent_sft if isinstance(cfg, AgentSFTConfig) else train_sft
+    train = (train_agent_sft if isinstance(cfg, AgentSFTConfig) else
+             train_pretrain if isinstance(cfg, PretrainConfig) else train_sft)
     model, tok, history = train(cfg, verbose=verbose)
     save_checkpoint(model, tok, path, {"config": _identity(cfg), "history": history,
                                        "train_s": round(time.time() - t0, 1)})
@@ -282,7 +451,7 @@ def load_base(name_or_cfg, device: str = "cpu", dtype=None, verbose: bool = True
     ``BASE_MODELS``) or an ``SFTConfig`` / ``AgentSFTConfig`` (built on first use and cached), or
     anything ``models.loading.load_policy`` takes (a checkpoint folder, a hub name,
     ``agentrl/<size>``). Returns (model, tokenizer)."""
-    if isinstance(name_or_cfg, (SFTConfig, AgentSFTConfig)):
+    if isinstance(name_or_cfg, (SFTConfig, AgentSFTConfig, PretrainConfig)):
         name_or_cfg = str(checkpoint(name_or_cfg, verbose))
     elif name_or_cfg.startswith(SFT_PREFIX):
         name_or_cfg = str(checkpoint(base_config(name_or_cfg), verbose))

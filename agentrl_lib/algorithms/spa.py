@@ -15,6 +15,11 @@ advantage per turn, A_t = sum_{k >= t} gamma^(k-t) r_hat_k, whitened over the ba
 shape convention of ``credit.py`` (a list of (T_i,) float64 arrays), so it plugs into
 ``agent_pg.train(advantage_fn=...)`` and into the credit arena against A*.
 
+The MLP estimator (``SPAConfig(model="mlp")`` with a ``features`` function, e.g.
+``ShopEnv.relative_features``) is the one an LM agent uses here: ``SPACredit`` is also a
+``credit_fn`` for ``grpo.train`` (it refits on the batch and returns the turn advantages). All of
+its tensors live on the cpu (host-side float64 bookkeeping), whatever torch's default device is.
+
 Taken from the paper / reference code (github WangHanLinHenry/SPA-RL-Agent): the sum-of-turn-
 values MSE loss (``prm/train_our_progress_model.py``: a linear head on the last token of each
 turn, summed over turns, MSE against the final reward); the grounding value 0.5 for an executable
@@ -33,6 +38,7 @@ the freedom.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +97,29 @@ def sum_to_outcome_loss(contributions, targets) -> float:
     """mean_i (sum_t c_t^i - R_i)^2."""
     sums = np.array([np.sum(c) for c in contributions])
     return float(np.mean((sums - np.asarray(targets)) ** 2))
+
+
+def mlp_init(in_features: int, hidden: int, seed: int) -> nn.Sequential:
+    """c_phi's network, Linear(D, H) - tanh - Linear(H, 1) in float64 on the cpu, every weight and
+    bias drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (``nn.Linear``'s default bounds) from a
+    generator seeded with ``seed``: the global torch RNG is left alone."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    kw = dict(dtype=torch.float64, device="cpu")  # skip_init: no draw from the global RNG
+    net = nn.Sequential(nn.utils.skip_init(nn.Linear, in_features, hidden, **kw), nn.Tanh(),
+                        nn.utils.skip_init(nn.Linear, hidden, 1, **kw))
+    with torch.no_grad():
+        for layer in (net[0], net[2]):
+            bound = 1.0 / math.sqrt(layer.in_features)
+            layer.weight.uniform_(-bound, bound, generator=gen)
+            layer.bias.uniform_(-bound, bound, generator=gen)
+    return net
+
+
+def sum_to_outcome_mse(c_n: torch.Tensor, owner_n: torch.Tensor, targets_b: torch.Tensor):
+    """The differentiable loss, mean_i (sum_{t in episode i} c_t - R_i)^2, on flat per-step
+    contributions c_n (N,) with ``owner_n`` (N,) the episode index of each step and targets (B,)."""
+    sums = torch.zeros(len(targets_b), dtype=c_n.dtype, device=c_n.device).index_add(0, owner_n, c_n)  # (B,)
+    return ((sums - targets_b) ** 2).mean()
 
 
 class ProgressModel:
@@ -164,19 +193,19 @@ class ProgressModel:
         return {"fit_mse": mse, "num_features": D}
 
     def _fit_mlp(self, rows, targets, D):
-        torch.manual_seed(self.seed)
+        """``cfg.num_epochs`` full-batch Adam steps on ``sum_to_outcome_mse``; the network is
+        kept between fits (warm start), made by ``mlp_init(D, hidden, seed)`` at the first."""
         if self.net is None or self.net[0].in_features != D:
-            self.net = nn.Sequential(nn.Linear(D, self.cfg.hidden), nn.Tanh(),
-                                     nn.Linear(self.cfg.hidden, 1)).double()
-        x = torch.as_tensor(np.concatenate(rows), dtype=torch.float64)  # (N, D)
-        owner = torch.as_tensor(np.repeat(np.arange(len(rows)), [len(r) for r in rows]))  # (N,)
-        y = torch.as_tensor(targets)  # (B,)
-        opt = torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.l2)
-        for _ in range(self.cfg.num_epochs):
-            c = self.net(x).squeeze(-1)  # (N,)
-            sums = torch.zeros(len(rows), dtype=torch.float64).index_add(0, owner, c)  # (B,)
-            loss = ((sums - y) ** 2).mean()
-            optimizer_step(opt, loss)
+            self.net = mlp_init(D, self.cfg.hidden, self.seed)
+        x = torch.as_tensor(np.concatenate(rows), dtype=torch.float64, device="cpu")  # (N, D)
+        owner = torch.as_tensor(np.repeat(np.arange(len(rows)), [len(r) for r in rows]),
+                                device="cpu")  # (N,)
+        y = torch.as_tensor(targets, dtype=torch.float64, device="cpu")  # (B,)
+        with torch.device("cpu"):  # Adam's step counters too, whatever the default device
+            opt = torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.l2)
+            for _ in range(self.cfg.num_epochs):
+                loss = sum_to_outcome_mse(self.net(x).squeeze(-1), owner, y)
+                optimizer_step(opt, loss)
 
     def contributions(self, episodes) -> list[np.ndarray]:
         """c_t for every turn of every episode, (T_i,) each; zeros before the first fit."""
@@ -194,7 +223,8 @@ class ProgressModel:
                 out.append(phi[:, :D] @ self.w)
             else:
                 with torch.no_grad():
-                    out.append(self.net(torch.as_tensor(phi)).squeeze(-1).numpy())
+                    x = torch.as_tensor(phi, dtype=torch.float64, device="cpu")  # (T, D)
+                    out.append(self.net(x).squeeze(-1).numpy())
         return out
 
     def progress(self, episodes) -> list[np.ndarray]:
@@ -212,18 +242,18 @@ def spa_advantages(episodes, progress_model, cfg: SPAConfig | None = None) -> li
     contrib = (progress_model.contributions(episodes) if hasattr(progress_model, "contributions")
                else progress_model(episodes))
     rewards = fused_rewards(contrib, grounding(episodes), cfg.alpha, cfg.beta)
-    adv = [discounted_returns(torch.as_tensor(r, dtype=torch.float64), cfg.gamma).numpy()
+    adv = [discounted_returns(torch.as_tensor(r, dtype=torch.float64, device="cpu"), cfg.gamma).numpy()
            for r in rewards]
     if cfg.norm_adv:
         flat = np.concatenate(adv) if adv else np.zeros(0)
         if len(flat) > 1:
-            flat = whiten(torch.as_tensor(flat), ddof=0, eps=1e-8).numpy()
+            flat = whiten(torch.as_tensor(flat, device="cpu"), ddof=0, eps=1e-8).numpy()
             adv = np.split(flat, np.cumsum([len(a) for a in adv])[:-1])
     return adv
 
 
 class SPACredit:
-    """An ``advantage_fn`` for ``agent_pg.train``: keeps the last ``cfg.buffer_size`` episodes,
+    """An ``advantage_fn`` for ``agent_pg.train`` and a ``credit_fn`` for ``grpo.train``: keeps the last ``cfg.buffer_size`` episodes,
     refits the progress model on them each call (online; the paper fits once on exploration
     data), then returns ``spa_advantages``. ``history`` records the fit MSE per call."""
 

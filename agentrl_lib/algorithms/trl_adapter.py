@@ -10,7 +10,7 @@ sampling temperature and completion length. ``from_trl_config`` inverts it, so a
 returns the same ``GRPOConfig``.
 
 What TRL does not have raises ``ValueError`` naming the field (see ``TRL_FIXED`` and
-``UNSUPPORTED_ADVANTAGES``); nothing is silently dropped:
+``UNSUPPORTED_ESTIMATORS``); nothing is silently dropped:
 - std with ddof=1 and the k3 KL estimator are the only choices TRL implements;
 - dynamic sampling and DAPO's soft overlong punishment are not GRPOTrainer options;
 - the 'reinforce', 'batch_mean', 'rloo' and 'reinforce_pp' estimators belong to other trainers,
@@ -56,7 +56,7 @@ from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.algorithms.sft import fit, masked_nll, scripted_policy
 from agentrl_lib.envs.tool_env import INSTRUCTION, GridToolEnv, environment_factory, \
     tool_conversation
-from agentrl_lib.rollout import messages_example, play_episodes
+from agentrl_lib.rollout import messages_example, model_device, play_episodes
 
 LOSS_TYPES = {"seq_mean": "grpo", "token_mean": "bnpo", "const_norm": "dr_grpo"}
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "lite_ppo": "batch"}
@@ -210,9 +210,15 @@ def trl_cfg_fields_covered() -> set[str]:
     return names & (set(MAPPED) | set(TRL_FIXED) | set(LOOP_ONLY))
 
 
+def _device_of(model, device: str | None) -> str:
+    """The device TRL is told to use: the model's unless one is given (TRL's ``use_cpu``)."""
+    return device if device is not None else model_device(model).type
+
+
 def make_trainer(model, tokenizer, train_problems: list[dict], reward_funcs: list, cfg: GRPOConfig,
-                 output_dir: str, device: str = "cpu", callbacks=None, **overrides):
-    """A ``trl.GRPOTrainer`` over the same model object, tokenizer, data and rewards as our loop."""
+                 output_dir: str, device: str | None = None, callbacks=None, **overrides):
+    """A ``trl.GRPOTrainer`` over the same model object, tokenizer, data and rewards as our loop,
+    on the model's device unless ``device`` says otherwise."""
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
@@ -220,7 +226,7 @@ def make_trainer(model, tokenizer, train_problems: list[dict], reward_funcs: lis
         raise ValueError("with beta != 0 TRL reloads the reference model from "
                          "model.config._name_or_path; load the policy from a checkpoint folder "
                          "(load_policy(path)) or save it first")
-    args = to_trl_config(cfg, output_dir, device=device, **overrides)
+    args = to_trl_config(cfg, output_dir, device=_device_of(model, device), **overrides)
     trainer = GRPOTrainer(model=model, reward_funcs=list(reward_funcs), args=args,
                           train_dataset=to_dataset(train_problems), processing_class=tokenizer,
                           callbacks=list(callbacks or []))
@@ -271,20 +277,21 @@ def tool_sft(model, tokenizer, make_env, seeds: list[int], epsilon: float = 0.3,
 
 
 def make_env_trainer(model, tokenizer, make_env, train_seeds: list[int], cfg: GRPOConfig,
-                     output_dir: str, max_completion_length: int = 512, device: str = "cpu",
+                     output_dir: str, max_completion_length: int = 512, device: str | None = None,
                      callbacks=None, instruction: str = INSTRUCTION, **overrides):
     """A ``trl.GRPOTrainer`` on the multi-turn environment: our ``GRPOConfig`` mapped by
     ``to_trl_config`` (one optimizer step per round of ``num_prompts x group_size`` rollouts),
     ``max_tool_calling_iterations = cfg.max_turns - 1`` (the first move comes with the first
     generation), and ``max_completion_length`` for the whole exchange. ``tokenizer`` must carry a
-    tool-calling template (``tool_tokenizer``). Returns the trainer."""
+    tool-calling template (``tool_tokenizer``). On the model's device unless ``device`` says
+    otherwise. Returns the trainer."""
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
     kw = dict(max_tool_calling_iterations=max(cfg.max_turns - 1, 0),
               max_completion_length=max_completion_length)
     kw.update(overrides)
-    args = to_trl_config(cfg, output_dir, device=device, **kw)
+    args = to_trl_config(cfg, output_dir, device=_device_of(model, device), **kw)
     trainer = GRPOTrainer(model=model, reward_funcs=None, args=args,
                           train_dataset=to_env_dataset(train_seeds, instruction),
                           processing_class=tokenizer, environment_factory=environment_factory(make_env),

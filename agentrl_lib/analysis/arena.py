@@ -28,7 +28,9 @@ The exact targets (``finite_horizon_advantages``: A^pi_t(s, a) of a stationary p
 episode is cut after ``horizon`` turns; ``alive_distribution``; ``exact_pg_direction``) are exact
 dynamic programming and live in ``agentrl_lib.algorithms.dp``. ``mc_critic`` is the tabular
 Monte-Carlo critic fitted on one batch (mean return-to-go per key). All functions are pure
-(numpy/torch in, numbers out).
+(numpy/torch in, numbers out), except ``lm_action_probs``, which reads a language-model agent's
+policy: the probability of each action text (and its end-of-turn token) after a context,
+renormalised over the legal actions, so an LM agent's exact A^pi can be computed in a tabular form.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from collections import defaultdict
 import numpy as np
 
 from agentrl_lib.algorithms.credit import episode_returns_to_go
+from agentrl_lib.rollout import action_logps
 
 
 def flat(turn_values) -> np.ndarray:
@@ -178,3 +181,19 @@ def relative_variance(grads) -> float:
     tr = float(g.var(0, ddof=1).sum()) if len(g) > 1 else float("nan")
     den = float(mean @ mean)
     return tr / den if den > 1e-12 else float("inf")
+
+
+def lm_action_probs(model, tokenizer, contexts: list[list[int]], actions: list[str],
+                    batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """A language-model agent's policy over a fixed action set. For each context (token ids ending
+    where the agent's answer starts, e.g. ``rollout.prompt_text`` of an observation, or an
+    ``lm_rollout`` conversation up to turn t), p(a) = the model's probability of ``a``'s tokens
+    followed by the end-of-turn token (temperature 1; ``rollout.action_logps``).
+
+    Returns (probs (N, A): p renormalised over ``actions``; mass (N,): sum_a p(a), the probability
+    that a free sample is exactly one of the legal texts). float64 numpy on the host.
+    """
+    logp = action_logps(model, tokenizer, contexts, actions, batch_size).numpy()  # (N, A)
+    p = np.exp(logp)
+    mass = p.sum(-1)
+    return p / mass[:, None], mass

@@ -6,6 +6,17 @@ from agentrl_lib.envs.tabular import (  # noqa: F401
     TabularMDP, chain_mdp, from_gymnasium, gridworld, random_mdp,
 )
 from agentrl_lib.envs.token_tree import TokenTreeMDP  # noqa: F401
-from agentrl_lib.envs.multiturn import GridAgentEnv, parse_action  # noqa: F401
+from agentrl_lib.envs.multiturn import GridAgentEnv, SubtaskGridEnv, parse_action  # noqa: F401
 from agentrl_lib.envs.shop import ShopEnv  # noqa: F401
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv  # noqa: F401
+
+AGENT_ENVS = {"grid": GridAgentEnv, "subtask_grid": SubtaskGridEnv,
+              "twenty_questions": TwentyQuestionsEnv, "shop": ShopEnv}
+"""the multi-turn text environments by name (agent SFT bases, sweeps)"""
+
+
+def make_agent_env(name: str, **kwargs):
+    """``AGENT_ENVS[name](**kwargs)``, with a clear error for an unknown name."""
+    if name not in AGENT_ENVS:
+        raise ValueError(f"unknown agent environment {name!r}; choose one of {list(AGENT_ENVS)}")
+    return AGENT_ENVS[name](**kwargs)

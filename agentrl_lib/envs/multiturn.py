@@ -10,6 +10,10 @@ oracles), ``valid`` (whether the action text parsed to a legal action), ``error`
 None) and the task's ground truth. A malformed action never raises: it gets an error observation,
 leaves the state unchanged, costs ``invalid_penalty`` and is counted in ``env.num_invalid``.
 
+Optional: ``env.expert_actions()`` lists the optimal actions (texts of ``env.actions``, in that
+order; ties all listed) in the current state, from the environment's exact tabular form: the
+scripted demonstrator of ``sft.scripted_policy`` that agent SFT bases imitate.
+
 Optional: ``env.seed_dynamics(seed)`` after ``reset`` reseeds the episode's transition noise (slips)
 without changing the task: ``play_episodes`` gives the members of a group (same task seed) distinct
 noise streams, as independent rollouts of one task would have.
@@ -20,16 +24,27 @@ The same environment runs with a tabular policy through ``env.actions`` (a symbo
 ``GridAgentEnv`` is the text gridworld of ../shared/papers/README.md (GiGPO, SALT, HGPO, ...):
 repeated (hashable) states, invalid actions, and a memory-dependent variant where the goal is shown
 only on the first turn. Its dynamics *are* a ``TabularMDP`` (one per goal), so the exact optimal
-values and A* of ``tabular_form`` are those of the text environment, by construction.
+values and A* of ``tabular_form`` are those of the text environment, by construction. Larger named
+layouts are in ``LAYOUTS`` ("5x5", "7x7"; ``show_walls=False`` keeps their observations short).
+
+``SubtaskGridEnv`` is the gridworld of the long-horizon and hierarchical papers (HiPER, EPO, ...):
+waypoints to visit in order, the stage (how many are done) in the state, (cell, stage), so its
+tabular form is exact too. Named variants (``SUBTASK_VARIANTS``): "keydoor" (a key, then a goal
+behind a door that opens only with the key; 30 optimal steps) and "abc" (visit A, then B, then C).
+
+Both give a fixed evaluation panel with a hash (``eval_panel``): numbers from two runs are
+comparable only when their panel hashes match.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 import numpy as np
 
-from agentrl_lib.envs.tabular import GRID_ACTIONS, TabularMDP, gridworld
+from agentrl_lib.envs.tabular import _MOVES, GRID_ACTIONS, TabularMDP, _finish, gridworld
 
 _WORD = re.compile(r"[a-z]+")
 
@@ -48,6 +63,17 @@ def parse_action(text: str, actions: list[str]) -> str | None:
 
 
 DEFAULT_LAYOUT = ["....", ".#..", "...#", "#..."]
+# Larger named layouts for GridAgentEnv: pillars make detours, and many (cell, goal) states repeat
+# within a group's episodes (GiGPO's anchor groups).
+LAYOUTS = {
+    "4x4": DEFAULT_LAYOUT,
+    "5x5": [".....", ".#.#.", ".....", ".#.#.", "....."],
+    "7x7": ["...#...", ".#...#.", ".#.#.#.", "...#...", ".#.#.#.", ".#...#.", "...#..."],
+}
+
+
+def _panel_hash(game, panel) -> str:
+    return hashlib.sha256(json.dumps([game, panel], default=list).encode()).hexdigest()[:16]
 
 
 class GridAgentEnv:
@@ -57,6 +83,8 @@ class GridAgentEnv:
 
     memory=True: the goal's position is in the first observation only, so a policy that sees only
     the current observation cannot act optimally (the state key still holds the goal).
+    layout: rows of '.' and '#', or a name of ``LAYOUTS``. show_walls=False leaves the wall list
+    out of the observations (the layout is fixed, so an agent can learn it; shorter prompts).
     """
 
     actions = ["up", "down", "left", "right"]
@@ -66,8 +94,11 @@ class GridAgentEnv:
     def __init__(self, layout: list[str] | None = None, tasks: list[tuple] | None = None,
                  max_turns: int = 12, slip: float = 0.0, step_reward: float = 0.0,
                  goal_reward: float = 1.0, invalid_penalty: float = 0.0, gamma: float = 0.95,
-                 memory: bool = False):
+                 memory: bool = False, show_walls: bool = True):
+        if isinstance(layout, str):
+            layout = LAYOUTS[layout]
         self.layout = list(layout or DEFAULT_LAYOUT)
+        self.show_walls = show_walls
         self.rows, self.cols = len(self.layout), len(self.layout[0])
         free = [(r, c) for r in range(self.rows) for c in range(self.cols)
                 if self.layout[r][c] != "#"]
@@ -81,6 +112,7 @@ class GridAgentEnv:
         self.kw = dict(slip=slip, step_reward=step_reward, goal_reward=goal_reward, gamma=gamma,
                        max_steps=max_turns)
         self._mdps: dict[tuple, TabularMDP] = {}
+        self._q: dict[tuple, np.ndarray] = {}
         self._rng = np.random.default_rng()
         self.num_invalid = 0
         self.task = None
@@ -98,6 +130,15 @@ class GridAgentEnv:
             grid[goal[0]][goal[1]] = "G"
             self._mdps[key] = gridworld(["".join(r) for r in grid], **self.kw)
         return self._mdps[key]
+
+    def expert_actions(self) -> list[str]:
+        """The optimal moves from the current cell (ties all listed, in ``actions`` order), by the
+        task's exact Q* (``TabularMDP.optimal_q`` of ``tabular_form``)."""
+        if self.task not in self._q:
+            self._q[self.task] = self.tabular_form(*self.task).optimal_q().numpy()
+        q = self._q[self.task][self.state_index()]  # (A,) in tabular order
+        qt = np.array([q[self.action_index(a)] for a in self.actions])  # text order
+        return [self.actions[i] for i in np.flatnonzero(qt >= qt.max() - 1e-9)]
 
     @staticmethod
     def action_index(action: str) -> int:
@@ -159,9 +200,38 @@ class GridAgentEnv:
             text += f" The goal is at row {gr}, column {gc}."
         walls = [f"({i},{j})" for i in range(self.rows) for j in range(self.cols)
                  if self.layout[i][j] == "#"]
-        if walls:
+        if walls and self.show_walls:
             text += f" Walls: {' '.join(walls)}."
         return text + f" Move: {', '.join(self.actions)}?"
+
+    def observation_at(self, cell: tuple, task: tuple, turn: int) -> str:
+        """The observation an agent sees in ``cell`` of ``task`` before its turn ``turn`` (0-based),
+        as ``reset``/``step`` render it (the memory variant shows the goal at turn 0 only). The
+        environment's own episode is left as it was. For reading a policy in every state."""
+        saved = self.pos, self.task, self.turn
+        self.pos, self.task, self.turn = tuple(cell), tuple(map(tuple, task)), turn
+        try:
+            return self._observe(first=turn == 0)
+        finally:
+            self.pos, self.task, self.turn = saved
+
+    # --- the evaluation panel ------------------------------------------------------------------
+    def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, tuple]], str]:
+        """A fixed panel of ``n`` (seed, task) episodes, seeds 10**6 + i and the task that
+        ``reset(seed)`` draws from each, and a hash of the panel *and* the game (layout, tasks,
+        turn cap, dynamics, rewards, memory, walls shown), so numbers are comparable only when the
+        hashes match. Play it with the seeds (``grpo.evaluate_agent``)."""
+        env = GridAgentEnv(self.layout, self.tasks)
+        panel = []
+        for i in range(n):
+            env.reset(seed=10**6 + i)
+            panel.append((10**6 + i, env.task))
+        return panel, self.panel_hash(panel)
+
+    def panel_hash(self, panel) -> str:
+        game = [self.layout, self.tasks, self.max_turns, self.kw, self.invalid_penalty,
+                self.memory, self.show_walls]
+        return _panel_hash(game, panel)
 
     # --- the mirror for tabular and MLP policies -----------------------------------------------
     def task_index(self) -> int:
@@ -170,3 +240,250 @@ class GridAgentEnv:
     def state_index(self) -> int:
         """Cell index of the current position, for tables indexed by (task, cell)."""
         return self.pos[0] * self.cols + self.pos[1]
+
+
+# --- waypoints in order: key-door and subtasks ------------------------------------------------------
+# Layout characters: '.' free, '#' wall, 'S' a start cell (each one is a task), 'D' a door (a wall
+# until the key 'K' is held), and the waypoints named by ``order`` ('K' key, 'G' goal, 'A', 'B', 'C').
+SUBTASK_VARIANTS = {
+    # One corridor through the whole grid: the key at the end of the second row, the door at the
+    # end of the fourth; the goal is behind it. Optimal: 14 steps to the key, 16 more to the goal.
+    "keydoor": dict(layout=["S......",
+                            "######.",
+                            "K......",
+                            ".######",
+                            "......D",
+                            "######.",
+                            "G......"], order="KG", max_turns=40),
+    # Three subtasks in a row from one of three starts: visit A, then B, then C.
+    "abc": dict(layout=["A...B",
+                        ".#.#.",
+                        "..S..",
+                        ".#.#.",
+                        "C..SS"], order="ABC", max_turns=24),
+}
+WAYPOINT_NAMES = {"K": "key", "G": "goal"}
+
+
+class SubtaskGridEnv:
+    """A text gridworld with waypoints to visit in ``order`` (the key 'K' opens the doors 'D'). The
+    stage (waypoints done so far) is part of the state: the state key is (cell, stage), and the
+    tabular form has one state per (stage, cell), index ``stage * rows * cols + r * cols + c``.
+    Entering the next waypoint advances the stage (``subtask_reward``); the last one pays
+    ``goal_reward`` and ends the episode; ``max_turns`` truncates it. Moves into a wall, the border
+    or a closed door leave the agent in place (valid moves); unreadable answers are invalid (the
+    state stays, the turn is used, ``invalid_penalty``). With probability ``slip`` a move goes
+    sideways (as ``tabular.gridworld``). Tasks are the start cells 'S' of the layout.
+
+    variant: a name of ``SUBTASK_VARIANTS`` ("keydoor", "abc"); ``layout``, ``order`` and
+    ``max_turns`` override it. Observations are short (each character is a token of the tiny LM):
+    ``Turn 3/40. At (2,5). Next: key at (2,0).``
+    """
+
+    actions = ["up", "down", "left", "right"]
+    system_prompt = "Visit the targets in order. Answer with one move: up, down, left or right."
+
+    def __init__(self, variant: str = "keydoor", layout: list[str] | None = None,
+                 order: str | None = None, max_turns: int | None = None, slip: float = 0.0,
+                 step_reward: float = 0.0, subtask_reward: float = 0.0, goal_reward: float = 1.0,
+                 invalid_penalty: float = 0.0, gamma: float = 0.95):
+        if variant not in SUBTASK_VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose one of {list(SUBTASK_VARIANTS)}")
+        spec = SUBTASK_VARIANTS[variant]
+        self.variant = variant
+        self.layout = list(layout or spec["layout"])
+        self.order = order or spec["order"]
+        self.max_turns = max_turns or spec["max_turns"]
+        self.rows, self.cols = len(self.layout), len(self.layout[0])
+        if any(len(r) != self.cols for r in self.layout):
+            raise ValueError("every row of the layout must have the same length")
+        where = {}
+        for i, row in enumerate(self.layout):
+            for j, ch in enumerate(row):
+                if ch not in ".#SDKGABC":
+                    raise ValueError(f"unknown layout character {ch!r} at row {i}, col {j}")
+                where.setdefault(ch, []).append((i, j))
+        for ch in self.order:
+            if len(where.get(ch, [])) != 1:
+                raise ValueError(f"waypoint {ch!r} must appear exactly once in the layout")
+        if "D" in where and "K" not in self.order:
+            raise ValueError("a layout with doors 'D' needs the key 'K' in order")
+        self.waypoints = [where[ch][0] for ch in self.order]
+        self.tasks = list(where.get("S", []))
+        if not self.tasks:
+            raise ValueError("the layout needs at least one start cell 'S'")
+        self.slip, self.step_reward, self.gamma = slip, step_reward, gamma
+        self.subtask_reward, self.goal_reward = subtask_reward, goal_reward
+        self.invalid_penalty = invalid_penalty
+        self._mdps: dict[tuple, TabularMDP] = {}
+        self._q: np.ndarray | None = None
+        self._rng = np.random.default_rng()
+        self.num_invalid = 0
+        self.task = None
+        self.pos, self.stage, self.turn = None, 0, 0
+
+    # --- the tabular form ----------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.order)
+
+    def index(self, cell: tuple, stage: int) -> int:
+        """Index of the state (cell, stage) in the tabular form."""
+        return stage * self.rows * self.cols + cell[0] * self.cols + cell[1]
+
+    def state_of(self, index: int) -> tuple[tuple[int, int], int]:
+        """(cell, stage) of a tabular state index."""
+        stage, c = divmod(index, self.rows * self.cols)
+        return divmod(c, self.cols), stage
+
+    def _open(self, cell: tuple, stage: int) -> bool:
+        i, j = cell
+        if not (0 <= i < self.rows and 0 <= j < self.cols):
+            return False
+        ch = self.layout[i][j]
+        return ch != "#" and (ch != "D" or stage > self.order.index("K"))
+
+    def _move(self, cell: tuple, stage: int, a: int) -> tuple[tuple[int, int], int]:
+        """(cell, stage) after tabular action a (``GRID_ACTIONS`` order), no slip."""
+        di, dj = _MOVES[a]
+        nxt = (cell[0] + di, cell[1] + dj)
+        if not self._open(nxt, stage):
+            nxt = cell
+        return nxt, stage + (nxt == self.waypoints[stage])
+
+    def tabular_form(self, start: tuple | None = None) -> TabularMDP:
+        """The MDP of one task (start cell; default the first): S = (num_stages + 1) * rows * cols
+        states (stage num_stages is terminal), actions in ``GRID_ACTIONS`` order (use
+        ``action_index``), ``max_steps`` = ``max_turns``. Walls and never-reached states are
+        absorbing with value 0."""
+        start = tuple(start) if start is not None else self.tasks[0]
+        if start not in self._mdps:
+            n, A = (self.num_stages + 1) * self.rows * self.cols, len(GRID_ACTIONS)
+            P, Rn = np.zeros((n, A, n)), np.zeros((n, A, n))
+            terminal = np.zeros(n, dtype=bool)
+            for s in range(n):
+                cell, stage = self.state_of(s)
+                if stage == self.num_stages or not self._open(cell, stage):
+                    terminal[s] = stage == self.num_stages
+                    P[s, :, s] = 1.0
+                    continue
+                for a in range(A):
+                    for b, p in [(a, 1.0 - self.slip), ((a + 1) % 4, self.slip / 2),
+                                 ((a + 3) % 4, self.slip / 2)]:
+                        if p == 0:
+                            continue
+                        c2, st2 = self._move(cell, stage, b)
+                        s2 = self.index(c2, st2)
+                        P[s, a, s2] += p
+                        Rn[s, a, s2] = self.step_reward + (
+                            0.0 if st2 == stage else
+                            self.goal_reward if st2 == self.num_stages else self.subtask_reward)
+            init = np.zeros(n)
+            init[self.index(start, 0)] = 1.0
+            names = [f"{self.state_of(s)}" for s in range(n)]
+            self._mdps[start] = _finish(P, (P * Rn).sum(-1), self.gamma, init, terminal,
+                                        name=f"subtask-{self.variant}", state_names=names,
+                                        action_names=list(GRID_ACTIONS), R_next=Rn,
+                                        max_steps=self.max_turns)
+        return self._mdps[start]
+
+    def expert_actions(self) -> list[str]:
+        """The optimal moves in the current (cell, stage) (ties all listed, in ``actions`` order),
+        by the exact Q* of ``tabular_form`` (the same for every start)."""
+        if self._q is None:
+            self._q = self.tabular_form().optimal_q().numpy()
+        q = self._q[self.state_index()]
+        qt = np.array([q[self.action_index(a)] for a in self.actions])
+        return [self.actions[i] for i in np.flatnonzero(qt >= qt.max() - 1e-9)]
+
+    @staticmethod
+    def action_index(action: str) -> int:
+        """Index of a text action in the tabular form's action order."""
+        return GRID_ACTIONS.index(action)
+
+    # --- the protocol --------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, task: tuple | None = None) -> str:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.task = tuple(task) if task is not None else self.tasks[self._rng.integers(len(self.tasks))]
+        mdp = self.tabular_form(self.task)
+        s, _ = mdp.reset(seed=int(self._rng.integers(1 << 31)))
+        (self.pos, self.stage), self.turn = self.state_of(s), 0
+        return self._observe()
+
+    def seed_dynamics(self, seed: int) -> None:
+        """Reseed the slip noise of this episode (the task and position stay)."""
+        self.tabular_form(self.task)._rng = np.random.default_rng(seed)
+
+    def step(self, action_text: str):
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        self.turn += 1
+        action = parse_action(action_text, self.actions)
+        info = {"valid": action is not None, "error": None, "task": self.task, "action": action}
+        if action is None:
+            self.num_invalid += 1
+            info["error"] = f"answer with one of {', '.join(self.actions)}"
+            done = self.turn >= self.max_turns
+            info.update(state_key=self.state_key(), truncated=done, success=False)
+            return f"Invalid move. {self._observe()}", self.invalid_penalty, done, info
+        mdp = self.tabular_form(self.task)
+        s2, r, terminated, _, _ = mdp.step(self.action_index(action))
+        self.pos, self.stage = self.state_of(s2)
+        done = terminated or self.turn >= self.max_turns
+        info.update(state_key=self.state_key(), truncated=done and not terminated,
+                    success=bool(terminated))
+        return ("Done." if terminated else self._observe()), r, done, info
+
+    def state_key(self) -> tuple:
+        """(cell, stage): the true Markov state, hashable."""
+        return (self.pos, self.stage)
+
+    def _observe(self) -> str:
+        return self.observation_at(self.pos, self.stage, self.turn)
+
+    def observation_at(self, cell: tuple, stage: int, turn: int) -> str:
+        """The observation in (cell, stage) before turn ``turn`` (0-based); ``parse_observation``
+        reads it back."""
+        ch = self.order[stage]
+        (r, c), (wr, wc) = cell, self.waypoints[stage]
+        return (f"Turn {turn + 1}/{self.max_turns}. At ({r},{c}). "
+                f"Next: {WAYPOINT_NAMES.get(ch, ch)} at ({wr},{wc}).")
+
+    def parse_observation(self, text: str) -> tuple[tuple[int, int], int, int]:
+        """(cell, stage, turn) of an observation of this environment (``observation_at``).
+
+        >>> env = SubtaskGridEnv("keydoor")
+        >>> env.parse_observation(env.observation_at((4, 2), 1, 17))
+        ((4, 2), 1, 17)
+        """
+        m = re.search(r"Turn (\d+)/\d+\. At \((\d+),(\d+)\)\. Next: (\w+) at", text)
+        if m is None:
+            raise ValueError(f"not an observation of this environment: {text[:60]!r}")
+        name = m.group(4)
+        names = [WAYPOINT_NAMES.get(ch, ch) for ch in self.order]
+        return (int(m.group(2)), int(m.group(3))), names.index(name), int(m.group(1)) - 1
+
+    # --- the evaluation panel and the mirror for tabular policies --------------------------------
+    def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, tuple]], str]:
+        """A fixed panel of ``n`` (seed, start) episodes, seeds 10**6 + i and the start that
+        ``reset(seed)`` draws, and a hash of the panel and the game (layout, order, turn cap,
+        dynamics, rewards)."""
+        env = SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns)
+        panel = []
+        for i in range(n):
+            env.reset(seed=10**6 + i)
+            panel.append((10**6 + i, env.task))
+        return panel, self.panel_hash(panel)
+
+    def panel_hash(self, panel) -> str:
+        game = [self.layout, self.order, self.max_turns, self.slip, self.step_reward,
+                self.subtask_reward, self.goal_reward, self.invalid_penalty, self.gamma]
+        return _panel_hash(game, panel)
+
+    def task_index(self) -> int:
+        return self.tasks.index(self.task)
+
+    def state_index(self) -> int:
+        """Index of the current (cell, stage) in the tabular form."""
+        return self.index(self.pos, self.stage)

@@ -28,6 +28,14 @@ state reachable from the search page under it and returns a ``TabularMDP`` (dete
 one absorbing terminal state after buy) together with the state keys, so value iteration gives the
 exact V*, Q*, A* of the text environment. Free-text queries ("search[red cotton shirt]") also
 work; they may reach results pages outside the tabular form (keys still hashable).
+
+**Expert and LM agent.** ``expert_actions()`` lists the optimal actions of the current state (ties
+all listed) from the task's exact Q* on that form: what ``sft.scripted_policy`` imitates for an
+agent SFT base. ``obs_format="short"`` gives terse observations (the target in the first one only, then the page
+in under 40 characters) so that a 6-turn conversation fits the character-level tiny LM's 512
+positions;
+``relative_features`` is a fixed-length vector of the task-relative state and action (for an MLP
+progress model that generalises across tasks).
 """
 
 from __future__ import annotations
@@ -47,6 +55,11 @@ COLORS = ["red", "blue", "green", "black"]
 SIZES = ["small", "large"]
 TOOLS = ("search", "click", "choose", "buy", "back")
 _ACTION = re.compile(r"\b(search|click|choose)\s*\[([^\]]*)\]|\b(buy|back)\b", re.IGNORECASE)
+OPTION_STATES = ("none", "right", "wrong")
+RELATIVE_ACTIONS = ("search[target]", "search[other]", "click[target]", "click[other]",
+                    "choose[color=target]", "choose[color=other]", "choose[size=target]",
+                    "choose[size=other]", "buy", "back", "invalid")
+_Q_CACHE: dict = {}  # expert_actions: (catalog, gamma, invalid_penalty, task) -> (Q*, state index)
 _TOOL_LIKE = re.compile(r"\b([a-z_]+)\s*\[", re.IGNORECASE)
 
 
@@ -78,8 +91,14 @@ class ShopEnv:
     (or None), color/size the chosen options (or None). It holds the task, so it is Markov.
     """
 
+    system_prompt = "Buy what is asked. One action."
+
     def __init__(self, catalog: list[dict] | None = None, max_turns: int = 10,
-                 invalid_penalty: float = 0.0, gamma: float = 0.95, tasks: list[tuple] | None = None):
+                 invalid_penalty: float = 0.0, gamma: float = 0.95, tasks: list[tuple] | None = None,
+                 obs_format: str = "full"):
+        if obs_format not in ("full", "short"):
+            raise ValueError(f"obs_format must be 'full' or 'short', got {obs_format!r}")
+        self.obs_format = obs_format
         self.catalog = catalog if catalog is not None else make_catalog()
         self.items = {it["name"]: it for it in self.catalog}
         self.categories = list(dict.fromkeys(it["category"] for it in self.catalog))
@@ -213,6 +232,8 @@ class ShopEnv:
         if terminated:
             info["score"] = r
             obs = f"You bought {new[2]} (color {new[3]}, size {new[4]}). Score {r:.2f}."
+        elif self.obs_format == "short":
+            obs = ("invalid. " if not valid else "") + self._observe()
         else:
             obs = (f"Invalid action: {error}.\n" if not valid else "") + self._observe()
         return obs, r, done, info
@@ -222,6 +243,15 @@ class ShopEnv:
 
     def _observe(self) -> str:
         page, results, item, color, size = self.state
+        if self.obs_format == "short":  # the target only in the first observation
+            it = self.items[self.task[0]]
+            want = (f"want {it['material']} {it['category']} {self.task[1]} {self.task[2]}. "
+                    if self.turn == 0 else "")
+            if page == "search":
+                return want + "search"
+            if page == "results":
+                return "results: " + (" ".join(results) if results else "none")
+            return f"item {item} got {color or '-'} {size or '-'}"
         head = f"Instruction: {self.instruction(self.task)}. Turn {self.turn + 1}/{self.max_turns}."
         if page == "search":
             return head + " [search page] Actions: search[query]."
@@ -284,6 +314,33 @@ class ShopEnv:
             return len(keys) - 1
         return keys.index(key)
 
+    def expert_actions(self) -> list[str]:
+        """The optimal actions of the current state (ties all listed, in ``actions`` order), by the
+        task's exact Q* (value iteration on ``tabular_form``). A state outside the form (reached by
+        a free-text search) raises ValueError."""
+        # shared by every env with this catalog and these constants (play_episodes makes one env
+        # per episode; value iteration per episode would dominate a demonstration set)
+        key = (json.dumps(self.catalog, sort_keys=True), self.gamma, self.invalid_penalty, self.task)
+        if key not in _Q_CACHE:  # value iteration here: envs do not import algorithms (dp)
+            mdp, keys = self.tabular_form(self.task)
+            P, R = mdp.P.numpy(), mdp.R.numpy()  # (S, A, S), (S, A)
+            live = (~mdp.terminal.numpy()).astype(float)[:, None]  # (S, 1)
+            v = np.zeros(len(keys))
+            for _ in range(10_000):  # Q = (R + gamma P V) on live states; V = max_a Q
+                q = (R + mdp.gamma * P @ v) * live  # (S, A)
+                if np.abs(q.max(1) - v).max() < 1e-12:
+                    break
+                v = q.max(1)
+            _Q_CACHE[key] = (q, {k: i for i, k in enumerate(keys)})
+        q_table, index = _Q_CACHE[key]
+        state = self.state_key()
+        if state[1] == "done":
+            return []
+        if state not in index:
+            raise ValueError(f"state {state} is outside the tabular form (a free-text search?)")
+        q = q_table[index[state]]  # (A,), env.actions order
+        return [self.actions[i] for i in np.flatnonzero(q >= q.max() - 1e-9)]
+
     def task_index(self) -> int:
         return self.tasks.index(self.task)
 
@@ -312,6 +369,20 @@ class ShopEnv:
             want_v = task[1] if attr == "color" else task[2]
             return f"choose[{attr}={'target' if value == want_v else 'other'}]"
         return tool or "invalid"
+
+    def relative_features(self, state_key: tuple, action: str) -> np.ndarray:
+        """One-hot blocks of ``relative_key`` (page, found, on target, colour, size) and of
+        ``relative_action``: a fixed-length (25,) vector, the same for every catalog."""
+        page, found, on_target, color, size = self.relative_key(state_key)
+        act = self.relative_action(state_key, action)
+        act = act if act in RELATIVE_ACTIONS else "invalid"  # e.g. 'choose' without attr=value
+        blocks = [(page, ("search", "results", "item", "done")), (found, (False, True)),
+                  (on_target, (False, True)), (color, OPTION_STATES), (size, OPTION_STATES),
+                  (act, RELATIVE_ACTIONS)]
+        out = []
+        for value, values in blocks:
+            out += [float(value == v) for v in values]
+        return np.array(out)
 
 
 def eval_panel(env: ShopEnv, n: int = 64, seed: int = 12345) -> tuple[list[tuple], str]:

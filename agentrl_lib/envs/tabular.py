@@ -58,6 +58,20 @@ class TabularMDP:
         if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-8):
             raise ValueError("every row P[s, a, :] must sum to 1")
 
+    def optimal_q(self, tol: float = 1e-10, max_iters: int = 10_000) -> Tensor:
+        """Q*(s, a) by value iteration, 0 at terminal states (S, A): the oracle that environments'
+        ``expert_actions`` read. ``algorithms.dp.value_iteration`` is the teaching version with its
+        history; ``tests/test_tabular.py`` checks that they agree."""
+        live = (~self.terminal).to(DTYPE)[:, None]
+        v = torch.zeros(self.num_states, dtype=DTYPE, device=self.P.device)
+        for _ in range(max_iters):
+            q = (self.R + self.gamma * torch.einsum("sat,t->sa", self.P, v)) * live  # (S, A)
+            v_new = q.max(-1).values
+            if (v_new - v).abs().max().item() < tol:
+                return q
+            v = v_new
+        return q
+
     @property
     def num_states(self) -> int:
         return self.P.shape[0]
@@ -89,11 +103,12 @@ class TabularMDP:
 
 
 def _finish(P, R, gamma, init, terminal, **kw) -> TabularMDP:
-    P, R = torch.as_tensor(P, dtype=DTYPE), torch.as_tensor(R, dtype=DTYPE)
-    init = torch.as_tensor(init, dtype=DTYPE)
-    terminal = torch.as_tensor(terminal, dtype=torch.bool)
+    host = dict(device="cpu")  # tabular numerics live on the host
+    P, R = torch.as_tensor(P, dtype=DTYPE, **host), torch.as_tensor(R, dtype=DTYPE, **host)
+    init = torch.as_tensor(init, dtype=DTYPE, **host)
+    terminal = torch.as_tensor(terminal, dtype=torch.bool, **host)
     if kw.get("R_next") is not None:
-        kw["R_next"] = torch.as_tensor(kw["R_next"], dtype=DTYPE)
+        kw["R_next"] = torch.as_tensor(kw["R_next"], dtype=DTYPE, **host)
     return TabularMDP(P=P, R=R, gamma=gamma, init=init / init.sum(), terminal=terminal, **kw)
 
 

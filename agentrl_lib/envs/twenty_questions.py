@@ -22,6 +22,11 @@ Transitions from belief b (a sorted tuple of item indices):
 
 - question j: answer "yes" with probability |b ∩ has_j| / |b| -> b ∩ has_j, else b \\ has_j;
 - guess i: success with probability 1[i in b] / |b| (terminal), else b \\ {i}.
+
+``expert_actions()`` lists the optimal actions (Q* ties) in the current belief state, the scripted
+demonstrator of ``sft.scripted_policy`` (agent SFT bases). ``brief=True`` shortens the observations
+after the first to the answer and the turn counter: an LM agent keeps the conversation in its
+context, so the restated history and menu only lengthen it (the state key is the same).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ CATALOG = {  # item: its attribute values, in ATTRIBUTES order
 DEFAULT_ITEMS = ["dog", "horse", "whale", "shark", "eagle", "bat", "car", "apple"]
 
 _SPACES = re.compile(r"\s+")
+_OPTIMAL_Q: dict = {}  # game -> the cached Q* function of ``optimal_values`` (expert_actions)
 
 
 def _normalise(text: str) -> str:
@@ -70,12 +76,17 @@ class TwentyQuestionsEnv:
 
     items: the K candidate items; attributes: the questions that may be asked.
     table: optional {item: attribute tuple} replacing ``CATALOG`` (e.g. a random world).
+    brief: observations after the first are only the answer and "Turn t/T." (for LM agents).
     """
+
+    system_prompt = "Find the hidden item. Ask one yes/no question or guess."
+    """the system message an LM agent sees (``rollout.lm_rollout`` uses it unless given another)"""
 
     def __init__(self, items: list[str] | None = None, attributes: list[str] | None = None,
                  max_turns: int = 6, correct_reward: float = 1.0, step_cost: float = 0.0,
                  invalid_penalty: float = 0.0, gamma: float = 1.0,
-                 table: dict | None = None, table_attributes: list[str] | None = None):
+                 table: dict | None = None, table_attributes: list[str] | None = None,
+                 brief: bool = False):
         table = dict(table or CATALOG)
         columns = list(table_attributes or ATTRIBUTES)  # the order of the table's tuples
         self.items = list(items or DEFAULT_ITEMS)
@@ -94,6 +105,7 @@ class TwentyQuestionsEnv:
         self.max_turns, self.gamma = int(max_turns), float(gamma)
         self.correct_reward, self.step_cost = float(correct_reward), float(step_cost)
         self.invalid_penalty = float(invalid_penalty)
+        self.brief = bool(brief)
         # the symbolic action set: every question, then every guess
         self.actions = ([f"Is it {a}?" for a in self.attributes]
                         + [f"Is it {self._article(it)} {it}?" for it in self.items])
@@ -194,6 +206,8 @@ class TwentyQuestionsEnv:
         return obs, reward, done, info
 
     def _observe(self) -> str:
+        if self.brief and self.turn > 0:
+            return f"Turn {self.turn + 1}/{self.max_turns}."
         lines = [f"Turn {self.turn + 1}/{self.max_turns}. I am thinking of one of: "
                  f"{', '.join(self.items)}."]
         lines += [f"Q: {q} A: {ans}" for q, ans in self.history]
@@ -241,6 +255,26 @@ class TwentyQuestionsEnv:
         Returns (v_star, q_star): functions of a state key (cached).
         """
         return self._values(lambda key, q: float(q.max()), gamma)
+
+    def expert_actions(self) -> list[str]:
+        """The optimal actions in the current belief state (texts of ``actions``, in that order;
+        every Q* tie listed), by the exact recursion ``optimal_values`` at the env's gamma.
+
+        >>> env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"],
+        ...                          attributes=["alive", "able to fly", "edible"], max_turns=3)
+        >>> _ = env.reset(seed=0, item="dog"); env.expert_actions()  # two questions, then win
+        ['Is it alive?', 'Is it able to fly?']
+        >>> _ = env.step("Is it alive?"); env.expert_actions()  # dog or eagle: ask, or guess one
+        ['Is it able to fly?', 'Is it a dog?', 'Is it an eagle?']
+        """
+        if self.item is None:
+            raise RuntimeError("call reset() before expert_actions()")
+        game = (tuple(self.items), tuple(self.attributes), self.has.tobytes(), self.max_turns,
+                self.gamma, self.correct_reward, self.step_cost)
+        if game not in _OPTIMAL_Q:  # shared by every env of the same game (make_env per episode)
+            _OPTIMAL_Q[game] = self.optimal_values()[1]
+        q = _OPTIMAL_Q[game](self.state_key())  # (A,)
+        return [self.actions[i] for i in np.flatnonzero(q >= q.max() - 1e-9)]
 
     def policy_values(self, policy, gamma: float | None = None):
         """V^pi and Q^pi of a tabular policy ``policy(key) -> (A,) probabilities``.

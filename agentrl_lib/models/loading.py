@@ -95,3 +95,15 @@ def save_checkpoint(model, tokenizer, path: Path, meta: dict, meta_name: str = "
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, path)
     return path
+
+
+def install_folder(src: Path, path: Path) -> Path:
+    """Copy the checkpoint folder ``src`` to ``path`` atomically (as ``save_checkpoint``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, path)
+    return path

@@ -3,8 +3,8 @@ built locally with ``tokenizers``, and a chat template (ChatML). Nothing here do
 ``agentrl_lib.models.loading.load_policy`` loads this model or any other causal LM by name or folder.
 
 Sizes (hidden, layers, heads, MLP) are named so profiles can pick them:
-``tiny-64`` (2 layers, CPU notebooks), ``small-128`` (4 layers, cpu profile), ``base-256``
-(6 layers, GPU without a real model).
+``tiny-64`` (2 layers, 0.1M parameters: CPU notebooks), ``small-128`` (4 layers), ``base-256``
+(6 layers), ``medium-512`` (8 layers, 34M parameters: pretrained on a GPU, ``sft.PretrainConfig``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ SIZES = {
     "tiny-64": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
     "small-128": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
     "base-256": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024),
+    "medium-512": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=2048),
 }
 
 
