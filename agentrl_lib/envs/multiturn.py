@@ -72,6 +72,15 @@ LAYOUTS = {
 }
 
 
+def _draw_panel(env, n: int) -> list[tuple[int, tuple]]:
+    """(seed, task) of the episodes seeds 10**6 .. 10**6 + n - 1 start: what ``reset`` draws."""
+    panel = []
+    for i in range(n):
+        env.reset(seed=10**6 + i)
+        panel.append((10**6 + i, env.task))
+    return panel
+
+
 def _panel_hash(game, panel) -> str:
     return hashlib.sha256(json.dumps([game, panel], default=list).encode()).hexdigest()[:16]
 
@@ -221,11 +230,7 @@ class GridAgentEnv:
         ``reset(seed)`` draws from each, and a hash of the panel *and* the game (layout, tasks,
         turn cap, dynamics, rewards, memory, walls shown), so numbers are comparable only when the
         hashes match. Play it with the seeds (``grpo.evaluate_agent``)."""
-        env = GridAgentEnv(self.layout, self.tasks)
-        panel = []
-        for i in range(n):
-            env.reset(seed=10**6 + i)
-            panel.append((10**6 + i, env.task))
+        panel = _draw_panel(GridAgentEnv(self.layout, self.tasks), n)
         return panel, self.panel_hash(panel)
 
     def panel_hash(self, panel) -> str:
@@ -469,11 +474,7 @@ class SubtaskGridEnv:
         """A fixed panel of ``n`` (seed, start) episodes, seeds 10**6 + i and the start that
         ``reset(seed)`` draws, and a hash of the panel and the game (layout, order, turn cap,
         dynamics, rewards)."""
-        env = SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns)
-        panel = []
-        for i in range(n):
-            env.reset(seed=10**6 + i)
-            panel.append((10**6 + i, env.task))
+        panel = _draw_panel(SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns), n)
         return panel, self.panel_hash(panel)
 
     def panel_hash(self, panel) -> str:
