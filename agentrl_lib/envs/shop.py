@@ -316,22 +316,14 @@ class ShopEnv:
 
     def expert_actions(self) -> list[str]:
         """The optimal actions of the current state (ties all listed, in ``actions`` order), by the
-        task's exact Q* (value iteration on ``tabular_form``). A state outside the form (reached by
+        task's exact Q* (``TabularMDP.optimal_q`` of ``tabular_form``). A state outside the form (reached by
         a free-text search) raises ValueError."""
         # shared by every env with this catalog and these constants (play_episodes makes one env
         # per episode; value iteration per episode would dominate a demonstration set)
         key = (json.dumps(self.catalog, sort_keys=True), self.gamma, self.invalid_penalty, self.task)
-        if key not in _Q_CACHE:  # value iteration here: envs do not import algorithms (dp)
+        if key not in _Q_CACHE:
             mdp, keys = self.tabular_form(self.task)
-            P, R = mdp.P.numpy(), mdp.R.numpy()  # (S, A, S), (S, A)
-            live = (~mdp.terminal.numpy()).astype(float)[:, None]  # (S, 1)
-            v = np.zeros(len(keys))
-            for _ in range(10_000):  # Q = (R + gamma P V) on live states; V = max_a Q
-                q = (R + mdp.gamma * P @ v) * live  # (S, A)
-                if np.abs(q.max(1) - v).max() < 1e-12:
-                    break
-                v = q.max(1)
-            _Q_CACHE[key] = (q, {k: i for i, k in enumerate(keys)})
+            _Q_CACHE[key] = (mdp.optimal_q(tol=1e-12).numpy(), {k: i for i, k in enumerate(keys)})
         q_table, index = _Q_CACHE[key]
         state = self.state_key()
         if state[1] == "done":
