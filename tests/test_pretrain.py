@@ -95,3 +95,23 @@ def test_shipped_bases_are_current_and_fill_the_cache(cache, monkeypatch):
     path = sft.checkpoint(cfg, verbose=False)
     assert path.parent == cache / "sft"
     assert (path / "model.safetensors").read_bytes() == (shipped[0] / "model.safetensors").read_bytes()
+
+
+def test_gpu_profiles_name_the_gpu_pretrained_bases():
+    """The ``gpu`` profile of every LM notebook starts from a base built on the pretrained model."""
+    from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
+
+    root = repo_root()
+    keys = {"10_tiny_lm": "model_name", "11_grpo_vs_trl": "model_name",
+            "12_tricks_or_traps": "model_name", "13_ppo_llm": "model_name",
+            "30_multiturn_agent": "sft_init", "31_gigpo": "lm_base", "32_archer": "lm_base",
+            "33_spa_rl": "lm_base", "34_credit_arena": "lm_base"}
+    for nb, key in keys.items():
+        gpu = load_notebook(root / "notebooks" / f"{nb}.ipynb", root).profiles["gpu"]
+        name = gpu[key].removeprefix("agentrl-sft/")
+        cfg = sft.BASE_MODELS[name]
+        chain = [cfg]
+        while getattr(chain[-1], "init", ""):
+            chain.append(sft._init_base(chain[-1].init))
+        assert isinstance(chain[-1], PretrainConfig) and chain[-1].size == "medium-512", nb
+        assert gpu.get("device", "auto") == "auto" or nb.startswith("1"), nb

@@ -24,7 +24,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -379,6 +379,11 @@ BASE_MODELS = {
     "grid-agent-medium": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
                                         epsilon=0.3, steps=1100, max_turns=4, **_MEDIUM),
 }
+# the agent LM parts' gpu starts: the tiny agent bases' settings on the GPU-pretrained model
+BASE_MODELS["tq-agent-medium"] = replace(BASE_MODELS["tq-agent-tiny"], **_MEDIUM)
+BASE_MODELS["shop-agent-medium"] = replace(BASE_MODELS["shop-agent-tiny"], **_MEDIUM)
+BASE_MODELS["grid5-agent-medium"] = replace(BASE_MODELS["grid5-agent-tiny"],
+                                            **{**_MEDIUM, "init": "grid-agent-medium"})
 
 
 def base_config(name: str) -> SFTConfig | AgentSFTConfig | PretrainConfig:
