@@ -114,8 +114,12 @@ def test_multi_turn_credit_fn(lm, on_meta_default):
     cfg = GRPOConfig(num_prompts=2, group_size=2, max_new_tokens=3, max_turns=2, num_iters=1,
                      eval_every=1, lr=1e-3)
     sample = grpo.episode_sampler(tok, make_env, list(range(8)), cfg)
-    ones = lambda eps: [np.ones(len(ep)) for ep in eps]  # noqa: E731
-    assert np.isfinite(grpo.train(model, sample, cfg, credit_fn=ones)[0]["losses/loss"])
+    def ones(eps):  # a stateful estimator that reports on each call
+        ones.metrics.append({"calls": len(ones.metrics) + 1, "note": "not a number"})
+        return [np.ones(len(ep)) for ep in eps]
+    ones.metrics = []
+    row = grpo.train(model, sample, cfg, credit_fn=ones)[0]
+    assert np.isfinite(row["losses/loss"]) and row["credit/calls"] == 1 and "credit/note" not in row
 
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])

@@ -115,3 +115,12 @@ def test_gpu_profiles_name_the_gpu_pretrained_bases():
             chain.append(sft._init_base(chain[-1].init))
         assert isinstance(chain[-1], PretrainConfig) and chain[-1].size == "medium-512", nb
         assert gpu.get("device", "auto") == "auto" or nb.startswith("1"), nb
+
+
+def test_load_base_takes_a_bare_base_name(cache):
+    """``load_base("arith-tiny")`` is the named base (filled from the shipped copy), not a hub
+    lookup of that name."""
+    by_name, _ = sft.load_base("arith-tiny", verbose=False)
+    prefixed, _ = sft.load_base("agentrl-sft/arith-tiny", verbose=False)
+    for a, b in zip(by_name.parameters(), prefixed.parameters()):
+        assert torch.equal(a, b)

@@ -460,18 +460,27 @@ def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=Non
     return rows
 
 
+def _credit_metrics(credit_fn) -> dict:
+    """The numbers a stateful ``credit_fn`` reports about its last call (e.g. a critic's losses)."""
+    m = getattr(credit_fn, "metrics", None)
+    last = m[-1] if isinstance(m, list) and m else m if isinstance(m, dict) else {}
+    return {f"credit/{k}": v for k, v in last.items() if isinstance(v, (int, float))}
+
+
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
           on_step=None, eos_id: int | None = None, credit_fn=None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
     ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
-    estimator (``advantages``). Returns the logged rows (``loop``)."""
+    estimator (``advantages``), and its ``metrics`` (a dict, or a list whose last dict is the latest
+    call's), if it has any, are logged under ``credit/``. Returns the logged rows (``loop``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
     def update_fn(batch: Batch) -> dict:
         batch = advantages(batch, cfg, eos_id, credit_fn)
-        return {**batch.metrics, **update(model, opt, batch, cfg, ref_model)}
+        return {**batch.metrics, **_credit_metrics(credit_fn),
+                **update(model, opt, batch, cfg, ref_model)}
 
     return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
 

@@ -452,13 +452,13 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
 
 
 def load_base(name_or_cfg, device: str = "cpu", dtype=None, verbose: bool = True):
-    """The start model of an RL run, in eval mode: ``agentrl-sft/<name>`` (a base of
-    ``BASE_MODELS``) or an ``SFTConfig`` / ``AgentSFTConfig`` (built on first use and cached), or
+    """The start model of an RL run, in eval mode: ``agentrl-sft/<name>`` or ``<name>`` (a base of
+    ``BASE_MODELS``; the name wins over a folder or hub model of that name) or an ``SFTConfig`` / ``AgentSFTConfig`` (built on first use and cached), or
     anything ``models.loading.load_policy`` takes (a checkpoint folder, a hub name,
     ``agentrl/<size>``). Returns (model, tokenizer)."""
     if isinstance(name_or_cfg, (SFTConfig, AgentSFTConfig, PretrainConfig)):
         name_or_cfg = str(checkpoint(name_or_cfg, verbose))
-    elif name_or_cfg.startswith(SFT_PREFIX):
+    elif name_or_cfg.startswith(SFT_PREFIX) or name_or_cfg in BASE_MODELS:
         name_or_cfg = str(checkpoint(base_config(name_or_cfg), verbose))
     model, tok = load_policy(name_or_cfg, device=device, dtype=dtype)
     return model.eval(), tok

@@ -72,6 +72,10 @@ LAYOUTS = {
 }
 
 
+_Q_STAR: dict[tuple, np.ndarray] = {}
+"""Q* of each (layout, dynamics, task) of ``GridAgentEnv``, shared by every instance"""
+
+
 def _draw_panel(env, n: int) -> list[tuple[int, tuple]]:
     """(seed, task) of the episodes seeds 10**6 .. 10**6 + n - 1 start: what ``reset`` draws."""
     panel = []
@@ -121,7 +125,6 @@ class GridAgentEnv:
         self.kw = dict(slip=slip, step_reward=step_reward, goal_reward=goal_reward, gamma=gamma,
                        max_steps=max_turns)
         self._mdps: dict[tuple, TabularMDP] = {}
-        self._q: dict[tuple, np.ndarray] = {}
         self._rng = np.random.default_rng()
         self.num_invalid = 0
         self.task = None
@@ -143,9 +146,10 @@ class GridAgentEnv:
     def expert_actions(self) -> list[str]:
         """The optimal moves from the current cell (ties all listed, in ``actions`` order), by the
         task's exact Q* (``TabularMDP.optimal_q`` of ``tabular_form``)."""
-        if self.task not in self._q:
-            self._q[self.task] = self.tabular_form(*self.task).optimal_q().numpy()
-        q = self._q[self.task][self.state_index()]  # (A,) in tabular order
+        key = (tuple(self.layout), tuple(sorted(self.kw.items())), self.task)
+        if key not in _Q_STAR:  # shared: play_episodes makes a new env for every episode
+            _Q_STAR[key] = self.tabular_form(*self.task).optimal_q().numpy()
+        q = _Q_STAR[key][self.state_index()]  # (A,) in tabular order
         qt = np.array([q[self.action_index(a)] for a in self.actions])  # text order
         return [self.actions[i] for i in np.flatnonzero(qt >= qt.max() - 1e-9)]
 
