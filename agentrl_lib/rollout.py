@@ -234,7 +234,7 @@ def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
 
 def _feed(model, state: _Cache, segments: list[list[int]], pad_id: int) -> Tensor:
     """``_prefill`` of token-id lists, left-padded to a common length."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     S = max(len(s) for s in segments)
     ids = torch.full((len(segments), S), pad_id, dtype=torch.long, device="cpu")
     seg_mask = torch.zeros(len(segments), S, dtype=torch.long, device="cpu")
@@ -285,7 +285,7 @@ def action_logps(model, tokenizer, contexts: list[list[int]], actions: list[str]
     at temperature 1: the sum of the action's next-token log-probs. Each context is encoded once;
     its cache is repeated for the actions, whose tokens (all but the last) are fed left-padded.
     Returns (N, A) float64 on the host."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     conts = [token_ids(tokenizer, a) + [eos] for a in actions]
     A, C = len(actions), max(len(c) for c in conts) - 1
@@ -323,7 +323,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
     """Sample one completion per prompt (repeat prompts for a group): one prefill of the
     left-padded prompts, then one token per step for the whole batch. ``completion_mask`` is 1 up to
     and including the first end-of-sequence token."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     state = _Cache()
@@ -692,7 +692,7 @@ def episode_logps(model, episodes, temperature: float = 1.0, pad_id: int | None 
 
     Returns (logps, entropies, loss_mask), each (B, N) aligned with ``token_ids`` (right-padded).
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     if pad_id is None:
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     g = pad_episodes(episodes, pad_id, device)

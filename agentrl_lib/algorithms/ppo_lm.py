@@ -70,7 +70,7 @@ from torch import nn
 
 from agentrl_lib import core
 from agentrl_lib.algorithms import grpo
-from agentrl_lib.rollout import join_sequences, logps_from_logits, sequence_logps
+from agentrl_lib.rollout import join_sequences, logps_from_logits, model_device, sequence_logps
 from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
@@ -175,7 +175,7 @@ class ValueModel(nn.Module):
     def __init__(self, trunk: nn.Module, hidden_size: int):
         super().__init__()
         self.trunk = trunk
-        device = next(trunk.parameters()).device
+        device = model_device(trunk)
         self.head = nn.Linear(hidden_size, 1, device=device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -197,7 +197,7 @@ def make_value_model(policy, critic: str = "separate") -> ValueModel:
         raise ValueError(f"unknown critic {critic!r}; choose one of {CRITICS}")
     trunk = policy.base_model if critic == "shared" else copy.deepcopy(policy.base_model)
     vm = ValueModel(trunk, policy.config.hidden_size)
-    return vm.to(next(policy.parameters()).device)
+    return vm.to(model_device(policy))
 
 
 def critic_parameters(policy, critic: ValueModel) -> list[nn.Parameter]:

@@ -39,8 +39,8 @@ from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
     save_checkpoint
 from agentrl_lib.models.tiny_lm import SIZES, new_model
-from agentrl_lib.rollout import chat_example, episode_logps, pad_examples, play_episodes, \
-    text_episodes_to_tokens
+from agentrl_lib.rollout import chat_example, episode_logps, model_device, pad_examples, \
+    play_episodes, text_episodes_to_tokens
 from agentrl_lib.utils import optimizer_step
 
 FORMAT_VERSION = 1
@@ -50,7 +50,7 @@ FORMAT_VERSION = 1
 def masked_nll(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
     """Mean next-token NLL over the tokens whose mask is 1, for a batch of (ids, mask) examples
     right-padded together (``rollout.pad_examples``; fine for teacher forcing)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids, attn, mask = pad_examples(batch, pad_id, device)  # (B, L) each
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
     nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
@@ -123,8 +123,9 @@ _ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "c
 def _identity(cfg) -> dict:
     out = {k: v for k, v in asdict(cfg).items()
            if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
-    if _init_base(out.get("init", "")) is not None:  # a changed start rebuilds this base
-        out["init"] = f"{out['init']}@{config_key(_init_base(out['init']))}"
+    parent = _init_base(out.get("init", ""))
+    if parent is not None:  # a changed start rebuilds this base
+        out["init"] = f"{out['init']}@{config_key(parent)}"
     return out
 
 
