@@ -198,3 +198,28 @@ def test_which_claims_need_a_control():
     assert needs_control(c(">", -0.05)) and needs_control(c("<", -0.05))  # non-inferiority
     assert not needs_control(c(">", -0.05, "sanity"))  # only paper claims are judged so
     assert not needs_control(c(">", 0.0)) and not needs_control(c(">=", 0.0))
+
+
+def test_publish_one_notebook_keeps_the_others_rows(tmp_path, monkeypatch):
+    """RESULTS.md is rebuilt from every notebook's committed tables: the rows read back from the
+    CSVs render exactly as the rows summarised from runs, and publishing the runs of one notebook
+    keeps the rows (and curves) of another published earlier."""
+    runs_a, runs_b = tmp_path / "runs_a", tmp_path / "runs_b"
+    for runs, nb in ((runs_a, "05_mixed"), (runs_b, "06_other")):
+        for s in (0, 1):
+            d = runs / "cpu" / nb / f"seed{s}"
+            d.mkdir(parents=True)
+            monkeypatch.setenv("AGENTRL_RUN_DIR", str(d))
+            metrics = {"curve/acc": learning_curve([0.3, 0.6 + 0.1 * s], [0, 8])}
+            write_results(nb, {"seed": s, "profile": "cpu"}, metrics, mixed_claims(s))
+    repro = tmp_path / "reproductions"
+    report.publish(runs_a, repro, "cpu")
+    report.publish(runs_b, repro, "cpu")  # only 06's runs: 05's rows come from its tables
+    results = [r for r in report.collect(runs_a) + report.collect(runs_b)]
+    rows, curves = report.summarise(results), report.summarise_curves(results)
+    back_rows, back_curves = report.rows_from_tables(repro, "cpu")
+    assert [r["notebook"] for r in back_rows] == [r["notebook"] for r in rows]
+    assert report.markdown(back_rows, back_curves) == report.markdown(rows, curves)
+    md = (repro / "RESULTS.md").read_text()
+    assert md.count("| 05_mixed | cpu |") == md.count("| 06_other | cpu |") > 0
+    assert report.markdown(rows, curves) in md

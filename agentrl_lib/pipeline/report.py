@@ -464,17 +464,70 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report")
 CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "margin",
                "ours_mean_std", "baseline", "paper_value", "paper_source", "negative_control",
                "control_verdict", "seeds", "verdict", "verdict_why", "post_hoc", "on_seed_mean",
-               "iqm_diff_ci", "confident", "asserted", "device", "wall_s"]
-"""Columns of ``reproductions/<notebook>/<profile>_summary.csv``, one row per claim."""
+               "iqm_diff_ci", "confident", "asserted", "device", "wall_s", "family"]
+"""Columns of ``reproductions/<notebook>/<profile>_summary.csv``, one row per claim (tables
+written before ``family`` was a column read their family from the notebook's number)."""
 CURVE_CSV_COLUMNS = ["curve", "point", "runs", "seeds", "start", "peak", "final",
                      "higher_is_better", "collapse_drop", "collapsed_runs"]
 """Columns of ``reproductions/<notebook>/<profile>_curves.csv``, one row per learning curve."""
 
 
+def _bool(cell: str) -> bool:
+    return cell.strip() == "True"
+
+
+def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
+    """The claim rows and curve rows of one profile read back from the committed tables
+    (``reproductions/<notebook>/<profile>_summary.csv`` and ``_curves.csv``): what ``summarise``
+    and ``summarise_curves`` gave when they were published, as far as ``markdown`` needs them."""
+    import csv
+
+    rows, curve_rows = [], []
+    for path in sorted(Path(repro_root).glob(f"*/{profile}_summary.csv")):
+        nb = path.parent.name
+        with path.open(newline="") as f:
+            for c in csv.DictReader(f):
+                rows.append({
+                    "family": c.get("family") or family_of({"notebook": nb}), "notebook": nb,
+                    "profile": profile, "point": c["point"], "claim": c["claim"],
+                    "kind": c["kind"], "post_hoc": _bool(c["post_hoc"]),
+                    "statement": c["statement"], "metric": c["metric"],
+                    "direction": c["direction"], "margin": float(c["margin"] or 0.0),
+                    "asserted": _bool(c["asserted"]),
+                    "seeds": [int(x) if x.lstrip("-").isdigit() else x for x in c["seeds"].split()],
+                    "ours": c["ours_mean_std"], "baseline": c["baseline"],
+                    "paper_value": c["paper_value"] or None, "source": c["paper_source"] or None,
+                    "verdict": c["verdict"], "why": c["verdict_why"],
+                    "control": c["negative_control"], "control_verdict": c["control_verdict"],
+                    "iqm": c["iqm_diff_ci"], "confident": c["confident"],
+                    "on_mean": c["on_seed_mean"],
+                    "devices": [d for d in c["device"].split("; ") if d],
+                    "wall_s": c["wall_s"]})
+        curves = path.parent / f"{profile}_curves.csv"
+        if not curves.is_file():
+            continue
+        family = rows[-1]["family"] if rows and rows[-1]["notebook"] == nb else \
+            family_of({"notebook": nb})
+        with curves.open(newline="") as f:
+            for c in csv.DictReader(f):
+                n, runs = int(c["collapsed_runs"]), int(c["runs"])
+                curve_rows.append({
+                    "family": family, "notebook": nb, "profile": profile, "point": c["point"],
+                    "curve": c["curve"], "runs": runs,
+                    "seeds": [int(x) if x.lstrip("-").isdigit() else x for x in c["seeds"].split()],
+                    "start": c["start"], "peak": c["peak"], "final": c["final"],
+                    "peak_differs": c["peak"] != "= final",
+                    "higher_is_better": _bool(c["higher_is_better"]),
+                    "collapse_drop": float(c["collapse_drop"]), "collapsed": n,
+                    "collapsed_cell": f"collapsed {n}/{runs}" if n else f"no (0/{runs})"})
+    return rows, curve_rows
+
+
 def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list[Path]:
-    """Write the committed summaries of one profile: ``reproductions/RESULTS.md`` (a section per
-    profile), and per notebook ``<profile>_summary.csv``, ``<profile>_curves.csv`` (when it
-    records learning curves) and the lowest seed's figures."""
+    """Write the committed summaries of one profile: per notebook with runs under ``runs_root``,
+    ``<profile>_summary.csv``, ``<profile>_curves.csv`` (when it records learning curves) and the
+    lowest seed's figures; then ``reproductions/RESULTS.md`` (a section per profile) over every
+    notebook with tables of that profile, so publishing a few notebooks keeps the others' rows."""
     import csv
     import shutil
 
@@ -497,7 +550,7 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                             r["paper_value"], r["source"], r["control"], r["control_verdict"],
                             " ".join(map(str, r["seeds"])), r["verdict"], r["why"],
                             r["post_hoc"], r["on_mean"], r["iqm"], r["confident"], r["asserted"],
-                            "; ".join(r["devices"]), r["wall_s"]])
+                            "; ".join(r["devices"]), r["wall_s"], r["family"]])
         written.append(path)
         nb_curves = [c for c in curve_rows if c["notebook"] == nb]
         curves_path = out / f"{profile}_curves.csv"
@@ -520,6 +573,15 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                 dst = out / "figures" / f"{profile}_{Path(d).name}_{fig.name}"
                 shutil.copyfile(fig, dst)
                 written.append(dst)
+    # the section covers every notebook with committed tables of this profile: these runs' rows,
+    # and the other notebooks' rows read back from their tables (publishing one notebook keeps
+    # the rest)
+    fresh = {r["notebook"] for r in rows}
+    kept, kept_curves = rows_from_tables(repro_root, profile)
+    rows = sorted(rows + [r for r in kept if r["notebook"] not in fresh],
+                  key=lambda r: (r["notebook"], r["profile"], r["point"]))
+    curve_rows = sorted(curve_rows + [c for c in kept_curves if c["notebook"] not in fresh],
+                        key=lambda c: (c["notebook"], c["profile"], c["point"]))
     md = repro_root / "RESULTS.md"
     old = md.read_text() if md.is_file() else "# Reproduction results\n\nGenerated by `agentrl report --publish`.\n"
     start, end = f"<!-- profile:{profile} -->", f"<!-- /profile:{profile} -->"
