@@ -1,0 +1,115 @@
+"""Potential-based reward shaping (PBRS) of tabular rewards, and the proxy rewards that the
+reward-distance notebooks compare against a true reward.
+
+A tabular reward is a tensor R (S, A, S) over transitions (s, a, s'), or its expectation
+R (S, A) = sum_s' P(s'|s, a) R(s, a, s'). Shaping with a potential phi (S,) (Ng, Harada and
+Russell 1999):
+
+    R'(s, a, s') = R(s, a, s') + gamma * phi(s') - phi(s)
+
+changes every policy's return by the same constant -E_{s0}[phi(s0)] (infinite horizon, or
+phi = 0 at absorbing terminal states), so it keeps the ordering of policies and the optimal
+policies. With R (S, A) and P (S, A, S) the expected shaped reward is
+R(s, a) + gamma * sum_s' P(s'|s, a) phi(s') - phi(s).
+
+The proxy builders (``rescale``, ``add_noise``, ``redistribute``, ``adversarial_edit``) make the
+rewards whose distance to the truth the STARC notebook (21) compares with the regret of
+optimising them. Pure functions of arrays: this module imports nothing from envs or models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+DTYPE = torch.float64
+
+
+def _t(x) -> Tensor:
+    return torch.as_tensor(x, dtype=DTYPE)
+
+
+def pbrs(R, phi, gamma: float, P=None, terminal=None) -> Tensor:
+    """Potential-based shaping R + gamma * phi(s') - phi(s).
+
+    R: (S, A, S) transition reward, or (S, A) expected reward (then P (S, A, S) is required and
+    the result is the expected shaped reward). phi: (S,). terminal: optional (S,) bool; phi is
+    taken as 0 at terminal states (absorbing, value 0), so the optimal policies are kept in
+    episodic MDPs. Returns a tensor of R's shape.
+
+    >>> pbrs(torch.zeros(2, 1, 2), torch.tensor([1.0, 0.0]), gamma=0.5)[:, 0]
+    tensor([[-0.5000, -1.0000],
+            [ 0.5000,  0.0000]], dtype=torch.float64)
+    """
+    R, phi = _t(R), _t(phi)
+    if terminal is not None:
+        phi = phi * (~torch.as_tensor(terminal, dtype=torch.bool)).to(DTYPE)
+    S = phi.shape[0]
+    if R.dim() == 3:
+        if R.shape[0] != S or R.shape[2] != S:
+            raise ValueError(f"R {tuple(R.shape)} and phi {tuple(phi.shape)} disagree on S")
+        return R + gamma * phi[None, None, :] - phi[:, None, None]  # (S, A, S)
+    if R.dim() == 2:
+        if P is None:
+            raise ValueError("shaping an expected reward R (S, A) needs the transitions P (S, A, S)")
+        P = _t(P)
+        if P.shape != (S, R.shape[1], S) or R.shape[0] != S:
+            raise ValueError(f"shapes disagree: R {tuple(R.shape)}, P {tuple(P.shape)}, phi ({S},)")
+        return R + gamma * torch.einsum("sat,t->sa", P, phi) - phi[:, None]  # (S, A)
+    raise ValueError(f"R must be (S, A, S) or (S, A), got shape {tuple(R.shape)}")
+
+
+def expected_reward(R, P) -> Tensor:
+    """R(s, a) = sum_s' P(s'|s, a) R(s, a, s'). (S, A, S) x (S, A, S) -> (S, A)"""
+    return (_t(P) * _t(R)).sum(-1)
+
+
+def broadcast_reward(R_sa, num_states: int | None = None) -> Tensor:
+    """An (S, A) reward as a transition reward R(s, a, s') = R(s, a) for every s'. (S, A, S)"""
+    R_sa = _t(R_sa)
+    S = R_sa.shape[0] if num_states is None else num_states
+    return R_sa[:, :, None].expand(R_sa.shape[0], R_sa.shape[1], S).clone()
+
+
+def rescale(R, scale: float) -> Tensor:
+    """scale * R. A positive scale keeps the ordering of policies; a negative one reverses it."""
+    return float(scale) * _t(R)
+
+
+def add_noise(R, sigma: float, rng: np.random.Generator) -> Tensor:
+    """R + sigma * N(0, 1) on every entry (the noise is drawn with numpy's ``rng``)."""
+    R = _t(R)
+    return R + sigma * torch.as_tensor(rng.normal(size=tuple(R.shape)), dtype=DTYPE)
+
+
+def redistribute(R, P, sigma: float, rng: np.random.Generator) -> Tensor:
+    """An S'-redistribution of R (S, A, S): add noise e(s, a, s') with sum_s' P(s'|s, a) e = 0,
+    so the expected reward R(s, a), hence every policy's return, is unchanged. Entries at
+    impossible transitions (P = 0) get noise freely; those at possible ones are centred under P.
+    """
+    R, P = _t(R), _t(P)
+    e = sigma * torch.as_tensor(rng.normal(size=tuple(R.shape)), dtype=DTYPE)  # (S, A, S)
+    e = e - (P * e).sum(-1, keepdim=True)  # E_P[e] = 0 since sum_s' P = 1
+    return R + e
+
+
+def adversarial_edit(R, pi_star, delta: float, num_states: int, rng: np.random.Generator) -> Tensor:
+    """Edit R (S, A, S) against a policy: in ``num_states`` states drawn by ``rng``, lower the
+    reward of the action pi_star takes by ``delta`` and raise one other (random) action's by
+    ``delta``. A small L2 change aimed at flipping the optimal action where it is cheapest.
+
+    pi_star: (S, A) one-hot (or (S,) action indices).
+    """
+    R = _t(R).clone()
+    S, A = R.shape[0], R.shape[1]
+    if A < 2:
+        raise ValueError("an adversarial edit needs at least 2 actions")
+    pi_star = torch.as_tensor(pi_star)
+    best = pi_star.argmax(-1) if pi_star.dim() == 2 else pi_star.long()  # (S,)
+    for s in rng.choice(S, size=min(num_states, S), replace=False):
+        a = int(best[s])
+        b = int(rng.choice([x for x in range(A) if x != a]))
+        R[s, a] -= delta
+        R[s, b] += delta
+    return R
