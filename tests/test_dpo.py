@@ -168,3 +168,15 @@ def test_lm_sequence_logps_equal_token_sums():
         lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
         want = sum(lp[s - 1, ids[s]].item() for s in range(1, len(ids)) if mask[s])
         assert got[k].item() == pytest.approx(want, abs=1e-4)
+
+
+def test_rationale_nll_hand_values():
+    # scores (1, 2, 0): p = e^s / (e + e^2 + 1); rationale 1 -> -log p_1, gamma scales it
+    s = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    losses, m = dpo.rationale_nll(s, torch.tensor([1, 2]), gamma=0.5)
+    z = math.e + math.e ** 2 + 1
+    assert losses[0].item() == pytest.approx(-0.5 * math.log(math.e ** 2 / z))
+    assert losses[1].item() == pytest.approx(0.5 * math.log(3))
+    assert m["rationale/accuracy"] == 0.5  # argmax of the tie is 0, not 2
+    with pytest.raises(ValueError, match="must be"):
+        dpo.rationale_nll(torch.zeros(3), torch.tensor([0, 1, 2]))

@@ -228,3 +228,30 @@ def implicit_reward(logps: Tensor, ref_logps: Tensor, beta: float) -> Tensor:
 def preference_probability(h: float, beta: float) -> float:
     """sigma(beta h): the Bradley-Terry probability the implicit rewards assign to a pair."""
     return 1.0 / (1.0 + math.exp(-beta * h))
+
+
+# --- rationales (Just et al. 2024) -----------------------------------------------------------------
+def rationale_nll(rationale_logits: Tensor, rationale: Tensor, gamma: float = 1.0) -> tuple[Tensor, dict]:
+    """The rationale-likelihood term of rationale-augmented DPO, per pair: -gamma log p(rationale),
+    with p = softmax(rationale_logits) over the A possible rationales.
+
+    rationale_logits: (B, A) the policy's scores of each rationale for the pair (an LM scores the
+    rationale's text given prompt and pair; a feature policy, each attribute's contribution to its
+    implicit-reward margin); rationale: (B,) the index of the given rationale. RDPO minimises
+    ``dpo_loss + rationale_nll`` (the form is inferred from the paper's description: the DPO loss
+    plus a weighted likelihood of the rationale given the prompt and the pair).
+    Returns (losses (B,), metrics ``rationale/accuracy``: the fraction whose top-scored rationale is
+    the given one).
+
+    >>> losses, _ = rationale_nll(torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
+    >>> round(losses.item(), 4)  # log 2
+    0.6931
+    """
+    if rationale_logits.dim() != 2 or rationale.shape != rationale_logits.shape[:1]:
+        raise ValueError(f"rationale_logits must be (B, A) and rationale (B,), got "
+                         f"{tuple(rationale_logits.shape)} and {tuple(rationale.shape)}")
+    logp = torch.log_softmax(rationale_logits, -1)  # (B, A)
+    losses = -gamma * logp.gather(-1, rationale[:, None]).squeeze(-1)  # (B,)
+    with torch.no_grad():
+        acc = (rationale_logits.argmax(-1) == rationale).float().mean().item()
+    return losses, {"rationale/accuracy": acc}
