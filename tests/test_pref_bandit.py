@@ -14,7 +14,7 @@ def test_rps_matrix_by_hand():
     b = PrefBandit.rock_paper_scissors()
     # the cycle 0 beats 1 beats 2 beats 0; margin 1 -> certain wins
     assert np.allclose(b.P, [[0.5, 1.0, 0.0], [0.0, 0.5, 1.0], [1.0, 0.0, 0.5]])
-    assert b.K == 3 and b.names == ["rock", "paper", "scissors"]
+    assert b.K == 3 and b.names == ["rock", "scissors", "paper"]
 
 
 def test_rps_minimax_winner_is_uniform_with_zero_exploitability():
@@ -26,7 +26,7 @@ def test_rps_minimax_winner_is_uniform_with_zero_exploitability():
 
 def test_rps_exploitability_by_hand():
     P = PrefBandit.rock_paper_scissors().P
-    # pure rock: scissors (arm 2) beats it surely -> 1 - 1/2
+    # pure rock: paper (arm 2) beats it surely -> 1 - 1/2
     assert exploitability([1, 0, 0], P) == pytest.approx(0.5)
     # (1/2, 1/2, 0): P @ pi = (0.25 + 0.5, 0 + 0.25, 0.5 + 0) -> max 0.75 -> 0.25
     assert exploitability([0.5, 0.5, 0], P) == pytest.approx(0.25)

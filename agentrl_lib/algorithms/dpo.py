@@ -9,6 +9,18 @@ the policy itself (Rafailov et al. 2023, eq. 7)::
     h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))    # the log-ratio margin
     sigmoid (DPO):  -(1 - eps) log sigma(beta h) - eps log sigma(-beta h)     # eps = label_smoothing
     ipo (Azar et al. 2023, eq. 17):  (h / n - 1 / (2 beta))^2
+    inpo (Zhang et al. 2024):  (h_t - eta / 2)^2, with the previous iterate pi_t (below)
+
+**INPO** (iterative Nash policy optimisation) plays the preference game against itself by online
+mirror descent with KL regularisation tau = ``beta`` toward pi_ref and step size ``eta``:
+pi_{t+1}(y) ∝ pi_t(y)^(1 - eta tau) pi_ref(y)^(eta tau) exp(eta Pr(y > pi_t)). On pairs drawn from
+pi_t and labelled by the preference oracle, the squared loss (h_t - eta/2)^2 with
+
+    h_t = log pi(y_w)/pi(y_l) - eta tau log pi_ref(y_w)/pi_ref(y_l) - (1 - eta tau) log pi_t(y_w)/pi_t(y_l)
+
+has that update as its population minimiser (the win rates Pr(y > pi_t) are never estimated).
+It takes ``prev_chosen_logps``, ``prev_rejected_logps`` (pi_t's, (B,)) and ``eta``; the form is our
+reading of the paper's loss (``notebooks/29_inpo.ipynb`` checks the minimiser numerically).
 
 ``beta * (log pi - log pi_ref)`` is DPO's implicit reward (the metrics ``rewards/*``). ``ipo``
 divides each log-ratio by its completion length (``chosen_lengths``, ``rejected_lengths``; 1 when
@@ -35,7 +47,7 @@ import torch.nn.functional as F
 
 Tensor = torch.Tensor
 
-LOSS_TYPES = ("sigmoid", "ipo")
+LOSS_TYPES = ("sigmoid", "ipo", "inpo")
 
 
 def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor,
@@ -43,7 +55,9 @@ def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Ten
              label_smoothing: float = 0.0, **variant_kwargs) -> tuple[Tensor, dict]:
     """Per-pair preference losses (B,) from sequence log-probs (B,) each (see the module docstring
     for the equations). Variant keyword arguments: ``ipo`` takes ``chosen_lengths`` and
-    ``rejected_lengths`` (B,) to length-normalise the log-ratios (TRL's convention).
+    ``rejected_lengths`` (B,) to length-normalise the log-ratios (TRL's convention); ``inpo`` takes
+    ``prev_chosen_logps``, ``prev_rejected_logps`` (B,) (the previous iterate's) and ``eta`` (the
+    mirror-descent step; ``beta`` is the KL weight tau, eta * beta <= 1).
 
     Returns (losses (B,), metrics): ``rewards/chosen``, ``rewards/rejected`` (mean implicit rewards
     beta * log-ratio), ``rewards/margins`` (their mean difference) and ``rewards/accuracies`` (the
@@ -75,6 +89,20 @@ def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Ten
         n_c = 1.0 if n_c is None else torch.as_tensor(n_c, dtype=h.dtype).clamp(min=1.0)
         n_r = 1.0 if n_r is None else torch.as_tensor(n_r, dtype=h.dtype).clamp(min=1.0)
         losses = (chosen_logratios / n_c - rejected_logratios / n_r - 1 / (2 * beta)) ** 2  # (B,)
+    elif loss_type == "inpo":
+        extra = set(variant_kwargs) - {"prev_chosen_logps", "prev_rejected_logps", "eta"}
+        missing = {"prev_chosen_logps", "prev_rejected_logps", "eta"} - set(variant_kwargs)
+        if extra or missing:
+            raise ValueError(f"loss_type 'inpo' takes prev_chosen_logps, prev_rejected_logps and eta; "
+                             f"unknown {sorted(extra)}, missing {sorted(missing)}")
+        eta = float(variant_kwargs["eta"])
+        if eta <= 0 or eta * beta > 1:
+            raise ValueError(f"inpo needs eta > 0 and eta * beta <= 1, got eta={eta}, beta={beta}")
+        prev_logratio = variant_kwargs["prev_chosen_logps"] - variant_kwargs["prev_rejected_logps"]
+        h_t = ((chosen_logps - rejected_logps)
+               - eta * beta * (ref_chosen_logps - ref_rejected_logps)
+               - (1 - eta * beta) * prev_logratio)  # (B,)
+        losses = (h_t - eta / 2) ** 2  # (B,)
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
     with torch.no_grad():
@@ -103,7 +131,7 @@ def kl_optimal_policy(ref_probs, rewards, beta: float) -> np.ndarray:
 @dataclass
 class DPOConfig:
     loss_type: str = "sigmoid"
-    """'sigmoid' (DPO) or 'ipo' (see ``dpo_loss``)"""
+    """'sigmoid' (DPO), 'ipo' or 'inpo' (see ``dpo_loss``)"""
     beta: float = 0.1
     """KL weight of the RLHF objective; the implicit reward's scale"""
     lr: float = 1e-2

@@ -101,7 +101,8 @@ class PrefBandit:
     @classmethod
     def rock_paper_scissors(cls, margins=(1.0, 1.0, 1.0), num_dominated: int = 0,
                             dominated_margin: float = 0.5, **kwargs) -> "PrefBandit":
-        """The intransitive cycle 0 beats 1 beats 2 beats 0, plus optional dominated arms.
+        """The intransitive cycle 0 beats 1 beats 2 beats 0 (rock, scissors, paper), plus optional
+        dominated arms.
 
         ``P[0, 1] = (1 + m_0) / 2``, ``P[1, 2] = (1 + m_1) / 2``, ``P[2, 0] = (1 + m_2) / 2``, with
         margins m in (0, 1]. Its Minimax Winner is ``pi* ∝ (m_1, m_2, m_0)`` (uniform when the
@@ -119,7 +120,7 @@ class PrefBandit:
             P[a, b], P[b, a] = (1 + mk) / 2, (1 - mk) / 2
         P[:3, 3:] = (1 + dominated_margin) / 2
         P[3:, :3] = (1 - dominated_margin) / 2
-        names = kwargs.pop("names", None) or (["rock", "paper", "scissors"] +
+        names = kwargs.pop("names", None) or (["rock", "scissors", "paper"] +
                                               [f"dominated{k}" for k in range(K - 3)])
         return cls(P, names=names, **kwargs)
 
