@@ -1,0 +1,230 @@
+"""Direct preference optimisation: the pairwise losses on sequence log-probs, and one small loop.
+
+**From the RLHF objective to the loss.** Maximising E_{y ~ pi}[r(x, y)] - beta KL(pi || pi_ref)
+has the closed-form optimum pi*(y|x) = pi_ref(y|x) exp(r(x, y) / beta) / Z(x), so any reward is
+r(x, y) = beta log pi*(y|x) / pi_ref(y|x) + beta log Z(x). Under Bradley-Terry,
+Pr(y_w > y_l) = sigma(r_w - r_l): Z cancels, and the likelihood of the preferences becomes a loss on
+the policy itself (Rafailov et al. 2023, eq. 7)::
+
+    h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))    # the log-ratio margin
+    sigmoid (DPO):  -(1 - eps) log sigma(beta h) - eps log sigma(-beta h)     # eps = label_smoothing
+    ipo (Azar et al. 2023, eq. 17):  (h / n - 1 / (2 beta))^2
+
+``beta * (log pi - log pi_ref)`` is DPO's implicit reward (the metrics ``rewards/*``). ``ipo``
+divides each log-ratio by its completion length (``chosen_lengths``, ``rejected_lengths``; 1 when
+not given), as TRL 1.16 does ("confirmed with the IPO authors" in its source). With
+``label_smoothing=0`` both equal TRL 1.16 ``DPOTrainer``'s loss on the same log-probs
+(``tests/test_dpo.py`` calls TRL's own loss code). ``label_smoothing`` is the conservative DPO of
+Mitchell (2023) (a preference flipped with probability eps), as TRL < 1.0 had it.
+
+**The loop.** ``train`` is one loop for any policy whose pair log-probs are a differentiable function
+of its parameters: ``pair_logps(idx) -> (chosen_logps (b,), rejected_logps (b,))``. A tabular
+softmax policy over K responses (``tabular_pair_logps``) and the tiny LM (``lm_pair_logps``: the
+sum of the completion tokens' log-probs, as TRL) are the two the notebooks use. The reference
+log-probs are computed once before training (TRL's ``precompute_ref_log_probs``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+LOSS_TYPES = ("sigmoid", "ipo")
+
+
+def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor,
+             ref_rejected_logps: Tensor, beta: float = 0.1, loss_type: str = "sigmoid",
+             label_smoothing: float = 0.0, **variant_kwargs) -> tuple[Tensor, dict]:
+    """Per-pair preference losses (B,) from sequence log-probs (B,) each (see the module docstring
+    for the equations). Variant keyword arguments: ``ipo`` takes ``chosen_lengths`` and
+    ``rejected_lengths`` (B,) to length-normalise the log-ratios (TRL's convention).
+
+    Returns (losses (B,), metrics): ``rewards/chosen``, ``rewards/rejected`` (mean implicit rewards
+    beta * log-ratio), ``rewards/margins`` (their mean difference) and ``rewards/accuracies`` (the
+    fraction of pairs whose chosen implicit reward is higher), as TRL logs them.
+
+    >>> z = torch.zeros(2)
+    >>> losses, m = dpo_loss(z, z, z, z, beta=0.1)
+    >>> round(losses[0].item(), 4)  # log 2 at the reference
+    0.6931
+    """
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    chosen_logratios = chosen_logps - ref_chosen_logps  # (B,)
+    rejected_logratios = rejected_logps - ref_rejected_logps  # (B,)
+    h = chosen_logratios - rejected_logratios  # (B,)
+    if loss_type == "sigmoid":
+        _no_extra(loss_type, variant_kwargs)
+        losses = (-(1 - label_smoothing) * F.logsigmoid(beta * h)
+                  - label_smoothing * F.logsigmoid(-beta * h))  # (B,)
+    elif loss_type == "ipo":
+        extra = set(variant_kwargs) - {"chosen_lengths", "rejected_lengths"}
+        if extra:
+            raise ValueError(f"loss_type 'ipo' takes chosen_lengths and rejected_lengths, "
+                             f"got unknown {sorted(extra)}")
+        n_c = variant_kwargs.get("chosen_lengths")
+        n_r = variant_kwargs.get("rejected_lengths")
+        n_c = 1.0 if n_c is None else torch.as_tensor(n_c, dtype=h.dtype).clamp(min=1.0)
+        n_r = 1.0 if n_r is None else torch.as_tensor(n_r, dtype=h.dtype).clamp(min=1.0)
+        losses = (chosen_logratios / n_c - rejected_logratios / n_r - 1 / (2 * beta)) ** 2  # (B,)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
+    with torch.no_grad():
+        r_c, r_r = beta * chosen_logratios, beta * rejected_logratios  # (B,) implicit rewards
+        metrics = {"rewards/chosen": r_c.mean().item(), "rewards/rejected": r_r.mean().item(),
+                   "rewards/margins": (r_c - r_r).mean().item(),
+                   "rewards/accuracies": (r_c > r_r).float().mean().item()}
+    return losses, metrics
+
+
+def _no_extra(loss_type: str, kwargs: dict) -> None:
+    if kwargs:
+        raise ValueError(f"loss_type {loss_type!r} takes no extra arguments, got {sorted(kwargs)}")
+
+
+def kl_optimal_policy(ref_probs, rewards, beta: float) -> np.ndarray:
+    """The maximiser of E_pi[r] - beta KL(pi || pi_ref) over one prompt's responses (K,):
+    pi*(y) = pi_ref(y) exp(r(y) / beta) / Z (Rafailov et al. 2023, eq. 4)."""
+    logits = np.log(np.asarray(ref_probs, dtype=np.float64)) + np.asarray(rewards, np.float64) / beta
+    logits -= logits.max()
+    p = np.exp(logits)
+    return p / p.sum()
+
+
+# --- the loop --------------------------------------------------------------------------------------
+@dataclass
+class DPOConfig:
+    loss_type: str = "sigmoid"
+    """'sigmoid' (DPO) or 'ipo' (see ``dpo_loss``)"""
+    beta: float = 0.1
+    """KL weight of the RLHF objective; the implicit reward's scale"""
+    lr: float = 1e-2
+    """AdamW learning rate, constant (no warm-up), as TRL with lr_scheduler_type='constant'"""
+    num_epochs: int = 10
+    """passes over the pairs"""
+    batch_size: int = 16
+    """pairs per optimizer step (the last batch of an epoch may be smaller)"""
+    label_smoothing: float = 0.0
+    """conservative DPO's flip probability (sigmoid only)"""
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """gradient-norm clip (TRL's default 1.0); 0 turns it off"""
+    shuffle: bool = True
+    """shuffle the pairs each epoch (seeded); False keeps their order"""
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; expected one of "
+                             f"{list(LOSS_TYPES)}")
+        if self.batch_size < 1 or self.num_epochs < 0:
+            raise ValueError("batch_size must be >= 1 and num_epochs >= 0")
+
+
+def train(parameters, pair_logps, num_pairs: int, cfg: DPOConfig, ref_chosen_logps: Tensor,
+          ref_rejected_logps: Tensor, evaluate=None, extra_loss=None, **variant_kwargs) -> list[dict]:
+    """Minimise the mean ``dpo_loss`` over ``num_pairs`` pairs with AdamW (constant ``cfg.lr``).
+
+    pair_logps(idx (b,) long tensor) -> (chosen_logps (b,), rejected_logps (b,)) with gradients;
+    ref_*_logps: (N,) fixed reference log-probs. ``evaluate()`` -> dict is logged after every
+    epoch (and before the first); ``extra_loss(idx)`` -> scalar tensor is added to the loss (e.g. a
+    rationale term). Per-pair variant tensors in ``variant_kwargs`` ((N,) each, e.g. ipo's lengths)
+    are indexed with the batch. Returns one record per optimizer step: ``step``, ``epoch``,
+    ``losses/dpo``, the ``rewards/*`` metrics and, at epoch ends, ``eval/*``.
+    """
+    params = list(parameters)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history, step = [], 0
+    if evaluate is not None:
+        history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
+    for epoch in range(cfg.num_epochs):
+        order = torch.randperm(num_pairs, generator=gen) if cfg.shuffle else torch.arange(num_pairs)
+        for start in range(0, num_pairs, cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]  # (b,)
+            chosen, rejected = pair_logps(idx)  # (b,) each
+            kw = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in variant_kwargs.items()}
+            losses, metrics = dpo_loss(chosen, rejected, ref_chosen_logps[idx],
+                                       ref_rejected_logps[idx], cfg.beta, cfg.loss_type,
+                                       cfg.label_smoothing, **kw)
+            loss = losses.mean()
+            rec = {"losses/dpo": loss.item()}
+            if extra_loss is not None:
+                extra = extra_loss(idx)
+                rec["losses/extra"] = extra.item()
+                loss = loss + extra
+            opt.zero_grad()
+            loss.backward()
+            if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            step += 1
+            history.append({"step": step, "epoch": epoch + 1, **rec, **metrics})
+        if evaluate is not None:
+            history[-1].update({f"eval/{k}": v for k, v in evaluate().items()})
+    return history
+
+
+# --- pair log-probs of two kinds of policy ---------------------------------------------------------
+def tabular_pair_logps(logits: Tensor, chosen: Tensor, rejected: Tensor):
+    """``pair_logps`` of a softmax policy over K responses with (K,) ``logits`` (one prompt) or
+    (S, K) logits with per-pair prompt indices: chosen/rejected are (N,) response indices, or
+    (N, 2) [prompt, response] rows."""
+    def pair_logps(idx: Tensor):
+        logp = torch.log_softmax(logits, -1)  # (K,) or (S, K)
+        if logp.dim() == 1:
+            return logp[chosen[idx]], logp[rejected[idx]]
+        c, r = chosen[idx], rejected[idx]  # (b, 2)
+        return logp[c[:, 0], c[:, 1]], logp[r[:, 0], r[:, 1]]
+    return pair_logps
+
+
+def lm_sequence_logps(model, tokenizer, prompts: list[str], completions: list[str]) -> Tensor:
+    """Sum of log pi(completion tokens + end-of-turn | chat(prompt)) per pair, (B,), with
+    gradients: the sequence log-prob DPO uses (TRL sums over the completion tokens too)."""
+    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+
+    ex = [chat_example(tokenizer, p, c) for p, c in zip(prompts, completions)]
+    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return (logp * mask[:, 1:]).sum(-1)  # (B,)
+
+
+def lm_pair_logps(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str]):
+    """``pair_logps`` of the tiny LM over (prompt, chosen, rejected) text triples."""
+    def pair_logps(idx: Tensor):
+        i = idx.tolist()
+        c = lm_sequence_logps(model, tokenizer, [prompts[k] for k in i], [chosen[k] for k in i])
+        r = lm_sequence_logps(model, tokenizer, [prompts[k] for k in i], [rejected[k] for k in i])
+        return c, r
+    return pair_logps
+
+
+@torch.no_grad()
+def reference_logps(pair_logps, num_pairs: int, batch_size: int = 64) -> tuple[Tensor, Tensor]:
+    """The reference's (chosen, rejected) log-probs, (N,) each, without gradients."""
+    cs, rs = [], []
+    for s in range(0, num_pairs, batch_size):
+        c, r = pair_logps(torch.arange(s, min(num_pairs, s + batch_size)))
+        cs.append(c.detach().clone())
+        rs.append(r.detach().clone())
+    return torch.cat(cs), torch.cat(rs)
+
+
+def implicit_reward(logps: Tensor, ref_logps: Tensor, beta: float) -> Tensor:
+    """DPO's implicit reward beta * (log pi - log pi_ref), same shape as the inputs."""
+    return beta * (logps - ref_logps)
+
+
+def preference_probability(h: float, beta: float) -> float:
+    """sigma(beta h): the Bradley-Terry probability the implicit rewards assign to a pair."""
+    return 1.0 / (1.0 + math.exp(-beta * h))
