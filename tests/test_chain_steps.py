@@ -30,7 +30,8 @@ def test_straight_policy_and_turn_indexed():
     pi[env.obs_index(3, 0)] = np.eye(4)[STOP]
     occ = env.occupancy(pi)
     assert occ["success"] == 1.0 and occ["steps"] == 3.0 and occ["redundant"] == 0.0
-    assert env.expected_return(pi, (0.9, 0.9, 0.1)) == pytest.approx(1 + 3 * 0.9)
+    assert env.expected_return(pi, (0.9, 0.9, 0.1)) == pytest.approx(1 + 4 * 0.9)  # + the answer
+    assert env.expected_return(pi, (0.9, 0.9, 0.1), answer_scored=False) == pytest.approx(1 + 3 * 0.9)
     # a turn-indexed copy of the same policy gives the same numbers; a batch of two as well
     timed = np.broadcast_to(pi, (env.max_turns,) + pi.shape)
     assert env.occupancy(timed)["success"] == 1.0
@@ -39,23 +40,25 @@ def test_straight_policy_and_turn_indexed():
 
 
 @pytest.mark.parametrize("first_only", [False, True])
-def test_occupancy_equals_dp_policy_evaluation(first_only):
+@pytest.mark.parametrize("answer_scored", [False, True])
+def test_occupancy_equals_dp_policy_evaluation(first_only, answer_scored):
     env = ChainSteps(2, 5)
     r = (0.7, 0.3, -0.2)
-    mdp = env.tabular_form(r, success_reward=2.0, first_step_only=first_only)
+    mdp = env.tabular_form(r, 2.0, first_only, answer_scored)
     rng = np.random.default_rng(0)
     for _ in range(3):
         pi = rng.dirichlet(np.ones(4), size=env.num_obs)
         v = dp.policy_evaluation(mdp, env.stationary_to_states(pi))[env.state_index(0, 0, 0)]
-        assert env.expected_return(pi, r, 2.0, first_only) == pytest.approx(v.item(), abs=1e-12)
+        ours = env.expected_return(pi, r, 2.0, first_only, answer_scored)
+        assert ours == pytest.approx(v.item(), abs=1e-12)
 
 
 def test_optimal_q_raw_prm_runs_to_the_cap():
-    # a policy that counts turns: redundant steps until the last turn, then stop:
-    # V* = success 1 + (T - 1) steps x 0.9 (useful or redundant both pay 0.9 < 1)
+    # a policy that counts turns: redundant steps until the last turn, then answer:
+    # V* = success 1 + (T - 1) steps x 0.9 + the answer's 0.9 (every correct step pays 0.9)
     env = ChainSteps(3, 8)
     q = env.tabular_form((0.9, 0.9, 0.1)).optimal_q()
-    assert q[env.state_index(0, 0, 0)].max().item() == pytest.approx(1 + 7 * 0.9)
+    assert q[env.state_index(0, 0, 0)].max().item() == pytest.approx(1 + 8 * 0.9)
     assert q[env.state_index(7, 3, 0)].argmax().item() == STOP
     assert q[env.state_index(6, 3, 0), REDUNDANT].item() > q[env.state_index(6, 3, 0), STOP].item()
     # success only: the optimum is the success, 1
@@ -68,12 +71,12 @@ def test_best_stationary():
     assert deterministic_policies(env.num_obs).shape == (4 ** 6, 6, 4)
     pi, v, occ = best_stationary(env, (0.0, 0.0, 0.0))
     assert v == pytest.approx(1.0) and occ["steps"] == pytest.approx(2.0)
-    # raw PRM at 0.8 per correct step: looping 6 turns (4.8) beats 2 steps + answer (2.6)
+    # raw PRM at 0.8 per correct step: looping 6 turns (4.8) beats 2 steps + answer (1 + 3 x 0.8)
     pi, v, occ = best_stationary(env, (0.8, 0.8, 0.2))
     assert v == pytest.approx(6 * 0.8) and occ["success"] == 0.0 and occ["truncated"] == 1.0
     # a penalty on every step (clip-like) keeps the short chain
     pi, v, occ = best_stationary(env, (-0.05, -0.05, -0.4))
-    assert v == pytest.approx(1 - 2 * 0.05) and occ["steps"] == pytest.approx(2.0)
+    assert v == pytest.approx(1 - 3 * 0.05) and occ["steps"] == pytest.approx(2.0)
 
 
 def test_rollout_matches_occupancy():
@@ -88,6 +91,8 @@ def test_rollout_matches_occupancy():
     # the step mask is a prefix, and only stopped episodes can succeed
     assert np.array_equal(ro["step_mask"], np.arange(7) < ro["num_steps"][:, None])
     assert not (ro["success"] & ro["truncated"]).any()
+    assert np.array_equal(ro["turn_mask"].sum(-1), ro["num_steps"] + ro["stopped"])
+    assert np.array_equal(ro["correct"].sum(-1), ro["useful"] + ro["redundant"] + ro["success"])
 
 
 def test_render_agrees_with_success():

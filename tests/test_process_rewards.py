@@ -77,9 +77,9 @@ def test_exact_mdp_return_equals_sampled_per_step_rewards(reward_type):
     (rc, rw), first = pr.expected_step_rewards(reward_type, 0.9, 0.1, 0.1)
     exact = env.expected_return(pi, (rc, rc, rw), 1.0, first)
     ro = env.rollout(pi, 60_000, rng)
-    correct = torch.as_tensor((ro["kinds"] == 0) | (ro["kinds"] == 1))
-    scores = pr.synthetic_prm(correct, 0.9, 0.1, 0.1, torch.Generator().manual_seed(4))
-    r, _ = pr.process_rewards(scores, torch.as_tensor(ro["step_mask"]),
+    scores = pr.synthetic_prm(torch.as_tensor(ro["correct"]), 0.9, 0.1, 0.1,
+                              torch.Generator().manual_seed(4))
+    r, _ = pr.process_rewards(scores, torch.as_tensor(ro["turn_mask"]),
                               torch.as_tensor(ro["success"], dtype=torch.float64), reward_type)
     assert r.sum(-1).mean().item() == pytest.approx(exact, abs=0.03)
 

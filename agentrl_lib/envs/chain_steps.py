@@ -12,6 +12,9 @@ At each turn the agent writes one step of a kind:
 
 ``max_turns`` caps the episode (the stop counts as a turn): an episode that reaches the cap
 without stopping is *truncated*, with no answer, and fails (an LM cut at its token budget).
+The answer line is itself a step a PRM scores: as a correct step when the answer is right, as a
+wrong one otherwise (``answer_scored``; in the paper every step, the last with the answer, is
+scored).
 
 The exact tabular form (``tabular_form``) has the states (t, j, w), t = turns taken < max_turns,
 plus three absorbing terminals (correct answer, wrong answer, truncated), so optimal policies and
@@ -81,13 +84,15 @@ class ChainSteps:
 
     # --- the exact tabular form ---------------------------------------------------------------
     def tabular_form(self, step_reward=(0.0, 0.0, 0.0), success_reward: float = 1.0,
-                     first_step_only: bool = False) -> TabularMDP:
+                     first_step_only: bool = False, answer_scored: bool = True) -> TabularMDP:
         """The MDP over (t, j, w) + 3 terminals, gamma = 1.
 
         R(s, a) = ``step_reward[a]`` for a step of kind a (useful / redundant / wrong; a useful step
         at j = k is paid as redundant), at every turn or, with ``first_step_only``, at t = 0 only
         (the telescoped Delta reward, whose return is the first step's term); R(s, stop) =
-        ``success_reward`` * 1[j = k, w = 0]. Reaching t = max_turns goes to 'truncated' (reward 0).
+        ``success_reward`` * 1[j = k, w = 0], plus, with ``answer_scored``, the answer step's own
+        reward: ``step_reward[useful]`` if right, ``step_reward[wrong]`` if not (under the same
+        ``first_step_only`` rule). Reaching t = max_turns goes to 'truncated' (reward 0).
         """
         step_reward = [float(x) for x in step_reward]
         if len(step_reward) != 3:
@@ -101,6 +106,8 @@ class ChainSteps:
                     done = j == k and w == 0
                     P[s, STOP, self.terminal_index("correct" if done else "incorrect")] = 1.0
                     R[s, STOP] = success_reward * done
+                    if answer_scored and (t == 0 or not first_step_only):
+                        R[s, STOP] += step_reward[USEFUL] if done else step_reward[WRONG]
                     for a in (USEFUL, REDUNDANT, WRONG):
                         j2, w2 = self.transition(j, w, a)
                         nxt = (self.state_index(t + 1, j2, w2) if t + 1 < self.max_turns
@@ -171,15 +178,20 @@ class ChainSteps:
         return out
 
     def expected_return(self, pi, step_reward=(0.0, 0.0, 0.0), success_reward: float = 1.0,
-                        first_step_only: bool = False):
+                        first_step_only: bool = False, answer_scored: bool = True):
         """E[return] of ``pi`` (batched as ``occupancy``) under the rewards of ``tabular_form``."""
         occ = self.occupancy(pi)
         r = np.asarray(step_reward, dtype=np.float64)
         if first_step_only:
-            # a useful step at t = 0 is a real one (j = 0 < k), so first[:3] pays step_reward as is
+            # a useful step at t = 0 is a real one (j = 0 < k), so first[:3] pays step_reward as
+            # is; an answer at t = 0 is always wrong (k >= 1)
             process = (occ["first"][..., :3] * r).sum(-1)
+            if answer_scored:
+                process = process + occ["first"][..., STOP] * r[WRONG]
         else:
             process = occ["useful"] * r[0] + occ["redundant"] * r[1] + occ["wrong"] * r[2]
+            if answer_scored:
+                process = process + occ["success"] * r[USEFUL] + (occ["stop"] - occ["success"]) * r[WRONG]
         return success_reward * occ["success"] + process
 
     # --- sampling -----------------------------------------------------------------------------
@@ -188,7 +200,10 @@ class ChainSteps:
         obs, actions (B, T) (-1 after the end), kinds (B, T): the *paid* kind of each reasoning
         step (0 useful, 1 redundant, 2 wrong; -1 elsewhere, the stop turn included),
         step_mask (B, T) 1 on reasoning steps, num_steps (B,) reasoning steps,
-        stopped, success, truncated (B,), and counts useful / redundant / wrong (B,)."""
+        turn_mask (B, T) 1 on every turn taken (the steps and the answer), correct (B, T) what a
+        PRM should judge each turn (useful and redundant steps correct, wrong steps not, the
+        answer correct iff it succeeds), stopped, success, truncated (B,), and counts useful /
+        redundant / wrong (B,)."""
         pi = np.asarray(pi, dtype=np.float64)
         B, T, k = num_episodes, self.max_turns, self.num_steps
         j, w = np.zeros(B, dtype=int), np.zeros(B, dtype=int)
@@ -216,7 +231,10 @@ class ChainSteps:
             j = np.where(adv, np.minimum(j + 1, k), j)
             alive &= ~stop
         step_mask = kinds >= 0
+        turn_mask = actions >= 0
+        correct = (kinds == USEFUL) | (kinds == REDUNDANT) | ((actions == STOP) & success[:, None])
         return {"obs": obs, "actions": actions, "kinds": kinds, "step_mask": step_mask,
+                "turn_mask": turn_mask, "correct": correct & turn_mask,
                 "num_steps": step_mask.sum(-1), "stopped": stopped, "success": success,
                 "truncated": ~stopped, "useful": (kinds == USEFUL).sum(-1),
                 "redundant": (kinds == REDUNDANT).sum(-1), "wrong": (kinds == WRONG).sum(-1)}
@@ -264,12 +282,12 @@ def deterministic_policies(num_obs: int) -> np.ndarray:
 
 
 def best_stationary(env: ChainSteps, step_reward=(0.0, 0.0, 0.0), success_reward: float = 1.0,
-                    first_step_only: bool = False) -> tuple[np.ndarray, float, dict]:
+                    first_step_only: bool = False, answer_scored: bool = True) -> tuple[np.ndarray, float, dict]:
     """The exact optimum over deterministic stationary policies (enumerated): (pi (O, 4), its
     expected return, its ``occupancy``). Ties go to the fewest expected reasoning steps, then to
     the first in enumeration order."""
     pols = deterministic_policies(env.num_obs)
-    ret = env.expected_return(pols, step_reward, success_reward, first_step_only)  # (N,)
+    ret = env.expected_return(pols, step_reward, success_reward, first_step_only, answer_scored)  # (N,)
     occ = env.occupancy(pols)
     best = np.flatnonzero(ret >= ret.max() - 1e-9)
     i = int(best[np.argmin(occ["steps"][best])])

@@ -1,8 +1,9 @@
 """Process rewards: a synthetic process reward model (PRM) and the reward designs of Gao et al.
 (2024), *On Designing Effective RL Reward at Training Time for LLM Reasoning*, arXiv:2410.15115.
 
-An episode is K reasoning steps with PRM scores s_0 .. s_{K-1} in [0, 1], then (unless cut at a
-turn cap) an answer, verified: success in {0, 1}. The designs (``reward_type``):
+An episode is K scored steps with PRM scores s_0 .. s_{K-1} in [0, 1] (the reasoning steps and
+the final answer line, which the PRM scores too), and a verified outcome: success in {0, 1} (0 for
+an episode cut at a turn cap, which has no answer). The designs (``reward_type``):
 
 - ``"success"``: only the outcome, r_K = success;
 - ``"prm"``:     success + raw PRM, r_k = alpha s_k: the return is success + alpha sum_k s_k,
@@ -51,10 +52,11 @@ def process_rewards(scores: Tensor, step_mask: Tensor, success: Tensor, reward_t
                     ) -> tuple[Tensor, dict]:
     """Per-turn rewards (B, T + 1) of one design; returns ``(rewards, metrics)``.
 
-    scores (B, T): PRM score of each reasoning step; step_mask (B, T): 1 on an episode's K_b
-    reasoning steps, which come first (a prefix); success (B,): the verified outcome (0 for an
-    episode cut at the cap). Column k < K_b holds step k's reward, column K_b the answer's
-    (``success_reward`` * success); the rest are 0, so ``rewards.sum(-1)`` is the return.
+    scores (B, T): PRM score of each scored step; step_mask (B, T): 1 on an episode's K_b scored
+    steps (its reasoning steps and its answer line), which come first (a prefix); success (B,):
+    the verified outcome (0 for an episode cut at the cap). Column k < K_b holds step k's reward,
+    column K_b the outcome's (``success_reward`` * success, paid after the last scored step); the
+    rest are 0, so ``rewards.sum(-1)`` is the return.
 
     >>> s = torch.tensor([[0.9, 0.9, 0.1]]); m = torch.ones(1, 3, dtype=torch.bool)
     >>> process_rewards(s, m, torch.tensor([1.0]), "delta")[0]
