@@ -5,7 +5,8 @@ At each turn the agent writes one step of a kind:
 
 - ``useful`` (0): the next correct step (``3+4=7``): progress j -> j + 1. Once all k steps are
   written there is nothing left to advance, and a "useful" step is a restatement (redundant);
-- ``redundant`` (1): a correct but unnecessary step (``so far 7``: restate / re-derive): no progress;
+- ``redundant`` (1): a correct but unnecessary step (``so far 7``: restate, re-derive): no
+  progress;
 - ``wrong`` (2): an incorrect step (``3+4=8``): progress j -> min(j + 1, k), and the answer will
   be wrong (flag w = 1; errors never cancel in these chains, see ``render``);
 - ``stop`` (3): answer now. Success iff j = k and w = 0 (all k useful steps, no wrong step).
@@ -96,7 +97,8 @@ class ChainSteps:
         """
         step_reward = [float(x) for x in step_reward]
         if len(step_reward) != 3:
-            raise ValueError(f"step_reward needs 3 values (useful, redundant, wrong), got {step_reward}")
+            raise ValueError(f"step_reward needs 3 values (useful, redundant, wrong), "
+                             f"got {step_reward}")
         S, A, k = self.num_states, len(ACTIONS), self.num_steps
         P, R = np.zeros((S, A, S)), np.zeros((S, A))
         for t in range(self.max_turns):
@@ -147,11 +149,13 @@ class ChainSteps:
         k, T, O = self.num_steps, self.max_turns, self.num_obs
         timed = pi.ndim >= 3 and pi.shape[-3] == T and pi.shape[-2] == O
         if pi.shape[-2] != O or pi.shape[-1] != 4:
-            raise ValueError(f"policy shape {pi.shape}: expected (..., {O}, 4) or (..., {T}, {O}, 4)")
+            raise ValueError(f"policy shape {pi.shape}: expected (..., {O}, 4) or "
+                             f"(..., {T}, {O}, 4)")
         batch = pi.shape[:-3] if timed else pi.shape[:-2]
         d = np.zeros(batch + (O,))
         d[..., self.obs_index(0, 0)] = 1.0
-        out = {name: np.zeros(batch) for name in ("success", "useful", "redundant", "wrong", "stop")}
+        names = ("success", "useful", "redundant", "wrong", "stop")
+        out = {name: np.zeros(batch) for name in names}
         goal = self.obs_index(k, 0)
         for t in range(T):
             p = pi[..., t, :, :] if timed else pi  # (..., O, 4)
@@ -191,7 +195,8 @@ class ChainSteps:
         else:
             process = occ["useful"] * r[0] + occ["redundant"] * r[1] + occ["wrong"] * r[2]
             if answer_scored:
-                process = process + occ["success"] * r[USEFUL] + (occ["stop"] - occ["success"]) * r[WRONG]
+                wrong_answers = occ["stop"] - occ["success"]
+                process = process + occ["success"] * r[USEFUL] + wrong_answers * r[WRONG]
         return success_reward * occ["success"] + process
 
     # --- sampling -----------------------------------------------------------------------------
@@ -282,12 +287,14 @@ def deterministic_policies(num_obs: int) -> np.ndarray:
 
 
 def best_stationary(env: ChainSteps, step_reward=(0.0, 0.0, 0.0), success_reward: float = 1.0,
-                    first_step_only: bool = False, answer_scored: bool = True) -> tuple[np.ndarray, float, dict]:
+                    first_step_only: bool = False, answer_scored: bool = True
+                    ) -> tuple[np.ndarray, float, dict]:
     """The exact optimum over deterministic stationary policies (enumerated): (pi (O, 4), its
     expected return, its ``occupancy``). Ties go to the fewest expected reasoning steps, then to
     the first in enumeration order."""
     pols = deterministic_policies(env.num_obs)
-    ret = env.expected_return(pols, step_reward, success_reward, first_step_only, answer_scored)  # (N,)
+    ret = env.expected_return(pols, step_reward, success_reward, first_step_only,
+                              answer_scored)  # (N,)
     occ = env.occupancy(pols)
     best = np.flatnonzero(ret >= ret.max() - 1e-9)
     i = int(best[np.argmin(occ["steps"][best])])
