@@ -192,3 +192,27 @@ def test_heldout_split_and_panel_hash():
     assert {t.template for _, t in panel} <= set(TEMPLATES["heldout"])
     assert CalcToolEnv(split="heldout").eval_panel(8)[1] == h
     assert CalcToolEnv(split="train").eval_panel(8)[1] != h
+
+
+def test_action_menu_kinds():
+    from agentrl_lib.envs.calc_tool import MENU
+    env = CalcToolEnv(confirm_prob=0.5)
+    for s in range(30):
+        env.reset(seed=s)
+        menu = env.action_menu()
+        assert len(menu) == len(MENU) and menu[0] == env.task.gold[0]
+        assert menu[MENU.index("answer")] == env.task.gold[-1]
+        for kind in ("call1_wrong_tool", "call1_wrong_arg", "call1_wrong_value", "malformed",
+                     "answer_wrong"):
+            _, r, _, info = env.step(menu[MENU.index(kind)])
+            assert not info["checks"]["right_values"] and r == 0.0
+            if env.done:
+                env.reset(seed=s)
+        env.reset(seed=s)
+        _, _, _, info = env.step(menu[MENU.index("malformed")])
+        assert info["error_kind"] == "malformed"
+    env = CalcToolEnv(templates=("sum",))
+    env.reset(seed=0)
+    a, b = env.task.entities["a"], env.task.entities["b"]
+    assert env.action_menu()[1:4] == [f'multiply(a="{a}", b="{b}")', f'add(input="{a}", b="{b}")',
+                                      f'add(a="{a + 1}", b="{b}")']

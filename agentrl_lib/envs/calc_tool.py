@@ -165,6 +165,35 @@ def run_tool(name: str, args: dict):
     return None, f"unknown tool {name!r}"
 
 
+MENU = ("call1", "call1_wrong_tool", "call1_wrong_arg", "call1_wrong_value", "call2",
+        "call2_wrong_value", "confirm", "confirm_wrong", "answer", "answer_wrong", "malformed")
+"""the kinds of action of ``CalcToolEnv.action_menu`` (a relative action set)"""
+_OTHER_TOOL = {"calc": "lookup", "lookup": "capital", "capital": "lookup", "add": "multiply",
+               "multiply": "add", "stock": "lookup"}
+
+
+def _wrong_value(v: str) -> str:
+    """A plausible wrong value: an integer + 1, the next key of its table, or a changed digit."""
+    if v.lstrip("-").isdigit():
+        return str(int(v) + 1)
+    for table in (sorted(PRICES), sorted(CAPITALS), sorted(CAPITALS.values())):
+        if v in table:
+            return table[(table.index(v) + 1) % len(table)]
+    return v[:-1] + ("1" if v[-1:] != "1" else "2")
+
+
+def _perturb(call: str, what: str) -> str:
+    """The call with a wrong tool name ("tool"), first argument name ("arg") or value ("value")."""
+    name, args = parse_call(call)
+    args = canonical_args(args)
+    first = next(iter(args))
+    if what == "tool":
+        return format_call(_OTHER_TOOL.get(name, "calc"), args)
+    if what == "arg":
+        return format_call(name, {("input" if k == first else k): v for k, v in args.items()})
+    return format_call(name, {k: (_wrong_value(v) if k == first else v) for k, v in args.items()})
+
+
 class CalcToolEnv:
     """Function-calling episodes with a scripted user (see the module docstring).
 
@@ -299,6 +328,23 @@ class CalcToolEnv:
         info["state_key"] = self.state_key()
         info["stage"] = self.stage
         return obs, reward, self.done, info
+
+    # --- a relative action menu, for tabular policies ----------------------------------------
+    def action_menu(self) -> list[str]:
+        """The call texts of ``MENU`` for the current task, in that order: the same index means
+        the same kind of action in every task (the first and second gold tool calls, each with a
+        wrong tool, argument name or value; confirm and answer, right or wrong; a malformed call),
+        so a table over (template, needs_confirm, stage, confirmed) x MENU is a policy for every
+        task. A one-call task's "call2" repeats its call (a redundant call)."""
+        tool_calls = [g for g in self.task.gold if parse_call(g)[0] not in USER_TOOLS]
+        c1 = tool_calls[0]
+        c2 = tool_calls[1] if len(tool_calls) > 1 else c1
+        wrong = _wrong_value(self.task.answer)
+        return [c1, _perturb(c1, "tool"), _perturb(c1, "arg"), _perturb(c1, "value"), c2,
+                _perturb(c2, "value"), format_call("confirm", {"value": self.task.answer}),
+                format_call("confirm", {"value": wrong}),
+                format_call("answer", {"value": self.task.answer}),
+                format_call("answer", {"value": wrong}), c1.replace("=", "=(", 1)]
 
     # --- fixed panels -----------------------------------------------------------------------------
     def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, Task]], str]:
