@@ -15,7 +15,7 @@ checklist verdict are *equally noisy per judgment*: a verdict v in {0, 1} flippe
 p has mean (1 - 2p) v + p and variance p (1 - p); the pointwise score gets the same compression
 c = 1 - 2p and the same variance, sigma = sqrt(p (1 - p)).
 
-**Checklist rewards** (CM2, arXiv 2602.xxxx): each turn's intended behaviour is split into binary
+**Checklist rewards** (CM2, arXiv 2602.12268): each turn's intended behaviour is split into binary
 criteria (right tool, right argument names, right values, confirmation asked, ...).
 ``checklist_reward`` averages a turn's applicable criteria, each verdict optionally passed through
 the judge's flips, giving one reward per turn; ``holistic_reward`` asks the judge for one scalar
