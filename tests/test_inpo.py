@@ -93,3 +93,40 @@ def test_inpo_approaches_the_nash_policy_and_small_beta_dpo_collapses():
     d = inpo.iterate(b, inpo.IterConfig("sigmoid", num_iters=5, beta=0.05, inner_steps=60,
                                         inner_lr=0.2), ref, target=mw)
     assert d["pis"][-1].max() > 0.95 and d["exploitability"][-1] > 0.1
+
+
+def test_lm_candidate_logps_are_the_softmax_of_token_sums_over_the_set():
+    from agentrl_lib.models.tiny_lm import new_model
+    from agentrl_lib.rollout import chat_example
+
+    model, tok = new_model("tiny-64", seed=0)
+    prompts, cands = ["1+2=", "13+4="], [["3", "4", "30"], ["17", "16 no", "7"]]
+    got = inpo.lm_candidate_logps(model, tok, prompts, cands)  # (2, 3)
+    assert got.shape == (2, 3)
+    for s, (p, cs) in enumerate(zip(prompts, cands)):  # one sequence at a time, no padding
+        seq = []
+        for c in cs:
+            ids, mask = chat_example(tok, p, c)
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+            seq.append(sum(lp[t - 1, ids[t]].item() for t in range(1, len(ids)) if mask[t]))
+        want = np.array(seq) - np.log(np.exp(np.array(seq)).sum())
+        assert np.allclose(got[s].detach().numpy(), want, atol=1e-4)
+    with pytest.raises(ValueError, match="candidates"):
+        inpo.lm_candidate_logps(model, tok, prompts, [["3", "4"], ["17"]])
+
+
+def test_lm_iterate_curves_and_lr0_keeps_the_reference():
+    from agentrl_lib.models.tiny_lm import new_model
+
+    model, tok = new_model("tiny-64", seed=0)
+    game = PrefBandit.rock_paper_scissors(margins=(0.6, 0.9, 0.3), num_dominated=1)
+    prompts, cands = ["1+2="], [["3", "4", "2", "13"]]
+    with torch.no_grad():
+        ref = inpo.lm_candidate_logps(model, tok, prompts, cands)
+    for lt in inpo.LOSS_TYPES:
+        out = inpo.lm_iterate(model, tok, prompts, cands, game,
+                              inpo.IterConfig(lt, 2, 8, 0.1, 1.0, 2, 0.0, 0), ref)
+        assert out["pis"].shape == (3, 1, 4)
+        assert np.allclose(out["pis"][-1], out["pis"][0], atol=1e-6)  # lr 0: nothing moves
+        want = exploitability(ref.exp().double().numpy()[0], game.P)
+        assert out["exploitability"] == pytest.approx([want] * 3, abs=1e-5)

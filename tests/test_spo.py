@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl_lib.algorithms import spo
-from agentrl_lib.envs.pref_bandit import PrefBandit, minimax_winner
+from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, minimax_winner
 from agentrl_lib.rewards import reward_model
 
 
@@ -91,3 +91,31 @@ def test_bad_config_is_named():
         spo.SPOConfig(arm="dpo")
     with pytest.raises(ValueError, match="num_samples"):
         spo.SPOConfig(num_samples=1)
+
+
+def test_lm_train_lr0_keeps_the_reference_and_the_rm_is_the_bt_fit_of_uniform_draws():
+    import torch
+
+    from agentrl_lib.algorithms import inpo
+    from agentrl_lib.models.tiny_lm import new_model
+
+    model, tok = new_model("tiny-64", seed=0)
+    game = PrefBandit.rock_paper_scissors(margins=(0.6, 0.9, 0.3), num_dominated=1)
+    prompts, cands = ["1+2=", "3+4="], [["3", "4", "2", "13"], ["7", "8", "6", "17"]]
+    with torch.no_grad():
+        ref = inpo.lm_candidate_logps(model, tok, prompts, cands).exp().double().numpy()
+    want = np.mean([exploitability(p, game.P) for p in ref])
+    for arm in spo.ARMS:
+        out = spo.lm_train(model, tok, prompts, cands, game, spo.SPOConfig(arm, 3, 4, 0.0, 0.05, seed=1))
+        assert np.allclose(out["final_pi"], ref, atol=1e-6) and np.allclose(out["avg_pi"], ref, atol=1e-6)
+        assert np.allclose(out["exploitability"], want, atol=1e-6)
+        assert np.allclose(out["avg_exploitability"], want, atol=1e-6)
+    rng = np.random.default_rng(1)  # the reward model's draws replayed: 3 steps x 2 prompts x 4*3/2 pairs
+    i, j = rng.integers(0, 4, 36), rng.integers(0, 4, 36)
+    y = game.compare(i, j, rng)
+    u, _ = spo.fit_tabular_bt(4, np.where(y > 0, i, j), np.where(y > 0, j, i), l2=1e-3)
+    assert np.allclose(out["r_hat"], u)
+    with pytest.raises(ValueError, match="optimizer"):
+        spo.lm_train(model, tok, prompts, cands, game, spo.SPOConfig("spo", 1, 4, 0.0), optimizer="rmsprop")
+    with pytest.raises(ValueError, match="candidates"):
+        spo.lm_train(model, tok, prompts, [["3", "4"], ["7", "8"]], game, spo.SPOConfig("spo", 1, 4, 0.0))

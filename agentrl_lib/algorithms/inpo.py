@@ -143,3 +143,82 @@ def iterate(bandit: PrefBandit, cfg: IterConfig, ref_probs, target=None) -> dict
     out["pis"] = np.array(out["pis"])
     out["metrics"] = metrics
     return out
+
+
+# --- the language-model rung: a restricted response set -------------------------------------------
+def lm_candidate_logps(model, tokenizer, prompts: list[str], candidates: list[list[str]]):
+    """The LM's policy over a restricted response set: for prompt x_s with K candidates y_{s,k},
+
+        log pi(y_{s,k} | x_s, set) = log pi(y_{s,k} | x_s) - log sum_k' pi(y_{s,k'} | x_s)
+
+    (the sequence log-probs of ``dpo.lm_sequence_logps``, log-softmax over the set). prompts: S
+    strings; candidates: S lists of K strings. Returns (S, K) log-probs, with gradients. Pairwise
+    losses on differences log pi(y_w) - log pi(y_l) are the same on these as on the raw sequence
+    log-probs (the normaliser cancels)."""
+    from agentrl_lib.algorithms.dpo import lm_sequence_logps
+
+    S = len(prompts)
+    if S == 0 or len(candidates) != S or len({len(c) for c in candidates}) != 1:
+        raise ValueError("candidates must hold one list of K strings per prompt (same K for all)")
+    K = len(candidates[0])
+    flat_p = [p for p, cs in zip(prompts, candidates) for _ in cs]
+    flat_c = [c for cs in candidates for c in cs]
+    seq = lm_sequence_logps(model, tokenizer, flat_p, flat_c).reshape(S, K)  # (S, K)
+    return torch.log_softmax(seq, -1)  # (S, K)
+
+
+def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]], bandit: PrefBandit,
+               cfg: IterConfig, ref_logps=None, target=None) -> dict:
+    """The self-play rounds of ``iterate`` with the LM as the policy over each prompt's K candidates
+    (``lm_candidate_logps``): each round draws ``cfg.num_pairs`` pairs per prompt from the LM's
+    current distribution (0: the exact population of pairs), labels them by ``bandit`` (the same P
+    for every prompt), and takes ``cfg.inner_steps`` Adam steps at ``cfg.inner_lr`` on all the LM's
+    parameters, minimising the mean over prompts of the round's weighted ``dpo_loss`` (pi_ref: the
+    log-probs ``ref_logps`` (S, K), default the model's at the start; INPO's pi_t: the LM's at the
+    round's start). Trains ``model`` in place. Returns per-round curves: ``exploitability`` (mean
+    over prompts of ``exploitability(pi_s, P)``), ``tv`` to ``target`` (when given), ``pis``
+    (T+1, S, K)."""
+    rng = np.random.default_rng(cfg.seed)
+    S = len(prompts)
+    if ref_logps is None:
+        with torch.no_grad():
+            ref_logps = lm_candidate_logps(model, tokenizer, prompts, candidates)
+    ref_logps = torch.as_tensor(ref_logps).detach().float()  # (S, K)
+    out = {"exploitability": [], "tv": [], "pis": []}
+    for t in range(cfg.num_iters + 1):
+        with torch.no_grad():
+            prev = lm_candidate_logps(model, tokenizer, prompts, candidates).float()  # (S, K) pi_t
+        pi = prev.exp().double().numpy()
+        pi /= pi.sum(-1, keepdims=True)
+        out["pis"].append(pi)
+        out["exploitability"].append(float(np.mean([exploitability(p, bandit.P) for p in pi])))
+        if target is not None:
+            out["tv"].append(float(np.mean([total_variation(p, target) for p in pi])))
+        if t == cfg.num_iters:
+            break
+        rows = []
+        for s in range(S):
+            if cfg.num_pairs > 0:
+                c, r, w = sample_pairs(bandit, pi[s], cfg.num_pairs, rng)
+            else:
+                c, r, w = population_pairs(pi[s], bandit.P)
+            rows.append((np.full(len(c), s), c, r, w / S))
+        s_, c, r, w = (np.concatenate(x) for x in zip(*rows))
+        if len(c) == 0:
+            continue
+        s_, c, r = (torch.as_tensor(x, dtype=torch.long) for x in (s_, c, r))
+        w = torch.as_tensor(w, dtype=torch.float32)
+        kw = {}
+        if cfg.loss_type == "inpo":
+            kw = {"prev_chosen_logps": prev[s_, c], "prev_rejected_logps": prev[s_, r], "eta": cfg.eta}
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.inner_lr)
+        for _ in range(cfg.inner_steps):
+            logp = lm_candidate_logps(model, tokenizer, prompts, candidates)  # (S, K)
+            losses, _ = dpo_loss(logp[s_, c], logp[s_, r], ref_logps[s_, c], ref_logps[s_, r],
+                                 cfg.beta, cfg.loss_type, **kw)
+            loss = (w * losses).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    out["pis"] = np.array(out["pis"])
+    return out

@@ -178,3 +178,81 @@ def train(bandit: PrefBandit, cfg: SPOConfig, theta0=None, target=None) -> dict:
     out["avg_pi"] = pi_sum / cfg.num_iters
     out["r_hat"] = r_hat
     return out
+
+
+# --- the language-model rung: a restricted response set -------------------------------------------
+def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], bandit: PrefBandit,
+             cfg: SPOConfig, target=None, optimizer: str = "sgd") -> dict:
+    """Both arms with the LM as the policy over each prompt's K candidates: pi(y_k | x_s) =
+    softmax over the set of the LM's sequence log-probs (``inpo.lm_candidate_logps``), one
+    preference matrix ``bandit.P`` over the candidate slots for every prompt. Each step draws
+    ``cfg.num_samples`` candidates per prompt from the LM's current distribution and takes one
+    ``optimizer`` step ('sgd', plain gradient steps like ``pg_step``, or 'adam'; learning rate
+    ``cfg.lr``) on all the LM's parameters, minimising
+
+        - 1/S sum_s 1/N sum_i (r~_{s,i} - mean_j r~_{s,j}) log pi(y_{s,i} | x_s),
+        r~ = r - alpha log pi(y)
+
+    (``pg_step``'s REINFORCE on the set's log-probs). ``spo``: r = the win proportion of each sample
+    against the other samples of its prompt (``self_play_rewards``); ``reward_model``: r = r_hat[y],
+    the BT utilities over the K slots (``fit_tabular_bt``) of ``cfg.rm_num_pairs`` comparisons of
+    candidates drawn uniformly over each set (None: as many as SPO queries, num_iters S N(N-1)/2).
+    Trains ``model`` in place. Returns curves (the policy before each step and after the last, mean
+    over prompts): ``exploitability`` (last iterate), ``avg_exploitability`` (each prompt's running
+    average policy), ``tv``/``avg_tv`` to ``target``; ``final_pi``, ``avg_pi`` (S, K), ``r_hat``."""
+    import torch
+
+    from agentrl_lib.algorithms.inpo import lm_candidate_logps
+
+    rng = np.random.default_rng(cfg.seed)
+    S, K, N = len(prompts), bandit.K, cfg.num_samples
+    if len(candidates) != S or any(len(c) != K for c in candidates):
+        raise ValueError(f"candidates must hold one list of K = {K} strings per prompt")
+    r_hat = None
+    out = {k: [] for k in ("exploitability", "avg_exploitability", "tv", "avg_tv")}
+    if cfg.arm == "reward_model":
+        M = cfg.rm_num_pairs or cfg.num_iters * S * N * (N - 1) // 2
+        i, j = rng.integers(0, K, M), rng.integers(0, K, M)
+        y = bandit.compare(i, j, rng)  # (M,)
+        r_hat, out["rm_metrics"] = fit_tabular_bt(K, np.where(y > 0, i, j), np.where(y > 0, j, i),
+                                                  l2=cfg.rm_l2)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    elif optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected 'sgd' or 'adam'")
+    pi_sum = np.zeros((S, K))
+
+    def log(pi, t):
+        avg = pi_sum / t
+        out["exploitability"].append(float(np.mean([exploitability(p, bandit.P) for p in pi])))
+        out["avg_exploitability"].append(float(np.mean([exploitability(p, bandit.P) for p in avg])))
+        if target is not None:
+            out["tv"].append(float(np.mean([total_variation(p, target) for p in pi])))
+            out["avg_tv"].append(float(np.mean([total_variation(p, target) for p in avg])))
+
+    for t in range(cfg.num_iters + 1):
+        logp = lm_candidate_logps(model, tokenizer, prompts, candidates)  # (S, K)
+        pi = logp.detach().exp().double().numpy()
+        pi /= pi.sum(-1, keepdims=True)
+        if t == cfg.num_iters:
+            break
+        pi_sum += pi
+        log(pi, t + 1)
+        ys = np.stack([rng.choice(K, size=N, p=p) for p in pi])  # (S, N)
+        if cfg.arm == "spo":
+            rewards = np.stack([self_play_rewards(sample_wins(bandit, y_s, rng)) for y_s in ys])
+        else:
+            rewards = r_hat[ys]  # (S, N)
+        lp = logp.gather(1, torch.as_tensor(ys, dtype=torch.long))  # (S, N)
+        soft = torch.as_tensor(rewards, dtype=lp.dtype) - cfg.alpha * lp.detach()  # (S, N)
+        adv = soft - soft.mean(1, keepdim=True)
+        loss = -(adv * lp).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out["final_pi"] = pi
+    out["avg_pi"] = pi_sum / cfg.num_iters
+    out["r_hat"] = r_hat
+    return out
