@@ -180,3 +180,29 @@ def test_rationale_nll_hand_values():
     assert m["rationale/accuracy"] == 0.5  # argmax of the tie is 0, not 2
     with pytest.raises(ValueError, match="must be"):
         dpo.rationale_nll(torch.zeros(3), torch.tensor([0, 1, 2]))
+
+
+def test_lm_rationale_nll_equals_manual_token_sum():
+    from agentrl_lib.models.tiny_lm import new_model
+
+    model, tok = new_model("tiny-64", seed=0)
+    prompts, chosen, rejected = ["1+2=", "13+4="], ["3", "the answer is 17"], ["4", "18"]
+    rats = ["A is correct: 1+2=3", "A is longer"]
+    got, m = dpo.lm_rationale_nll(model, tok, prompts, chosen, rejected, rats, gamma=0.5)
+    total_nll, total_tokens = 0.0, 0
+    for k in range(2):  # one sequence at a time, no padding, the context written out by hand
+        head = tok.apply_chat_template(
+            [{"role": "user", "content": f"{prompts[k]} A: {chosen[k]} B: {rejected[k]} why A?"}],
+            add_generation_prompt=True, tokenize=False)
+        h_ids = tok(head, add_special_tokens=False)["input_ids"]
+        r_ids = tok(rats[k], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        x = torch.tensor([h_ids + r_ids])
+        lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
+        nll = -sum(lp[len(h_ids) + s - 1, t_].item() for s, t_ in enumerate(r_ids))
+        assert got[k].item() == pytest.approx(0.5 * nll, abs=1e-4)
+        total_nll, total_tokens = total_nll + nll, total_tokens + len(r_ids)
+    assert m["rationale/nll_per_token"] == pytest.approx(total_nll / total_tokens, abs=1e-5)
+    got[0].backward()  # differentiable
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="one entry per pair"):
+        dpo.lm_rationale_nll(model, tok, prompts, chosen, rejected, rats[:1])

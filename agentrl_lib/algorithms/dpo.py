@@ -283,3 +283,32 @@ def rationale_nll(rationale_logits: Tensor, rationale: Tensor, gamma: float = 1.
     with torch.no_grad():
         acc = (rationale_logits.argmax(-1) == rationale).float().mean().item()
     return losses, {"rationale/accuracy": acc}
+
+
+def rationale_context(prompt: str, chosen: str, rejected: str) -> str:
+    """The user turn the LM reads before writing a rationale: the prompt and the pair, the chosen
+    response shown as A (``"12+3= A: 15 B: 14 why A?"``)."""
+    return f"{prompt} A: {chosen} B: {rejected} why A?"
+
+
+def lm_rationale_nll(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str],
+                     rationales: list[str], gamma: float = 1.0) -> tuple[Tensor, dict]:
+    """RDPO's rationale term on an LM (Just et al. 2024), per pair:
+    -gamma log pi_theta(r | x, y_w, y_l) = -gamma sum_t log pi_theta(r_t | chat(c), r_<t), with the
+    context c = ``rationale_context(x, y_w, y_l)`` as the user turn and the rationale's tokens plus
+    the end-of-turn token as the assistant's (the same masking as ``lm_sequence_logps``).
+    All lists have length B. Returns (losses (B,), metrics ``rationale/nll_per_token``)."""
+    if not (len(prompts) == len(chosen) == len(rejected) == len(rationales)):
+        raise ValueError(f"prompts, chosen, rejected and rationales must have one entry per pair, "
+                         f"got lengths {len(prompts)}, {len(chosen)}, {len(rejected)}, {len(rationales)}")
+    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+
+    ex = [chat_example(tokenizer, rationale_context(p, c, r), z)
+          for p, c, r, z in zip(prompts, chosen, rejected, rationales)]
+    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    nll = -(logp * mask[:, 1:]).sum(-1)  # (B,)
+    with torch.no_grad():
+        per_token = (nll.sum() / mask[:, 1:].sum()).item()
+    return gamma * nll, {"rationale/nll_per_token": per_token}
