@@ -229,7 +229,7 @@ def test_actions_are_the_menu_and_hold_the_expert_call():
 
 
 def test_calc_agent_base_config_and_its_demonstrations():
-    """``calc-agent-tiny`` imitates the 30%-noisy scripted policy of notebook 26's environment:
+    """``calc-agent-tiny`` imitates the 20%-noisy scripted policy of notebook 26's environment:
     the demonstrations are mostly right, not all, and nearly all fit the tiny LM's 512 positions."""
     from agentrl_lib.algorithms import sft
     from agentrl_lib.models.tiny_lm import build_tokenizer
