@@ -216,3 +216,35 @@ def test_action_menu_kinds():
     a, b = env.task.entities["a"], env.task.entities["b"]
     assert env.action_menu()[1:4] == [f'multiply(a="{a}", b="{b}")', f'add(input="{a}", b="{b}")',
                                       f'add(a="{a + 1}", b="{b}")']
+
+
+def test_actions_are_the_menu_and_hold_the_expert_call():
+    env = CalcToolEnv(confirm_prob=1.0)
+    env.reset(seed=5)
+    assert env.actions == env.action_menu() and len(env.actions) == 11
+    for call in list(env.task.gold):
+        assert env.expert_actions()[0] in env.actions
+        env.step(call)
+    assert env.done
+
+
+def test_calc_agent_base_config_and_its_demonstrations():
+    """``calc-agent-tiny`` imitates the 20%-noisy scripted policy of notebook 26's environment:
+    the demonstrations are mostly right, not all, and nearly all fit the tiny LM's 512 positions."""
+    from agentrl_lib.algorithms import sft
+    from agentrl_lib.models.tiny_lm import build_tokenizer
+    from agentrl_lib.rollout import play_episodes, text_episodes_to_tokens
+
+    cfg = sft.BASE_MODELS["calc-agent-tiny"]
+    assert isinstance(cfg, sft.AgentSFTConfig) and cfg.env == "calc_tool"
+    assert cfg.max_turns == cfg.env_kwargs["max_turns"] and cfg.system_prompt == ""
+    assert isinstance(sft.sft_env(cfg.env, **cfg.env_kwargs), CalcToolEnv)
+    eps = play_episodes(lambda: sft.sft_env(cfg.env, **cfg.env_kwargs),
+                        sft.scripted_policy(cfg.epsilon, np.random.default_rng(0)),
+                        [cfg.seed_offset + i for i in range(200)], 1, cfg.max_turns)
+    text_episodes_to_tokens(build_tokenizer(), eps, cfg.system_prompt)
+    lengths = np.array([len(e.prompt_ids) + len(e.token_ids) for e in eps])
+    assert np.mean(lengths <= 512) > 0.95
+    assert 0.7 < np.mean([e.success for e in eps]) < 0.95  # noisy demonstrations, mostly right
+    # the demonstrations start away from the RL panels (seeds 10**6 + i) and training seeds
+    assert cfg.seed_offset >= 2_000_000

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from agentrl_lib.envs import AGENT_ENVS, make_agent_env
+from agentrl_lib.envs.calc_tool import CalcToolEnv
 from agentrl_lib.envs.multiturn import GridAgentEnv
 from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
@@ -203,7 +204,8 @@ class AgentSFTConfig:
     """give the environment's own (``env.system_prompt``) for another env than the grid"""
     seed: int = 0
     env: str = "grid"
-    """the environment (a key of ``envs.AGENT_ENVS``; it needs ``expert_actions``)"""
+    """the environment (a key of ``envs.AGENT_ENVS``, or "calc_tool" for ``CalcToolEnv``; it
+    needs ``expert_actions``)"""
     init: str = ""
     """the model to fine-tune: '' a fresh ``tiny_lm.new_model(size, seed)``, a name of
     ``BASE_MODELS`` (its cached checkpoint, built first if missing; the same size), e.g. a larger
@@ -213,12 +215,18 @@ class AgentSFTConfig:
     """where it is trained (as ``SFTConfig.device``)"""
 
 
+def sft_env(name: str, **kwargs):
+    """The environment of an ``AgentSFTConfig``: ``envs.make_agent_env(name)``, or ``CalcToolEnv``
+    for "calc_tool" (the tool-use papers' environment, 25 and 26)."""
+    return CalcToolEnv(**kwargs) if name == "calc_tool" else make_agent_env(name, **kwargs)
+
+
 def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
     """Train the tiny LM (from scratch, or from ``cfg.init``) on the scripted policy's
     conversations (loss on the agent tokens only). Returns (model, tokenizer, [(step, loss)])."""
     model, tok = start_model(cfg)
     rng = np.random.default_rng(cfg.seed)
-    make_env = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
+    make_env = lambda: sft_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
     seeds = [cfg.seed_offset + i for i in range(cfg.num_episodes)]
     eps = play_episodes(make_env, scripted_policy(cfg.epsilon, rng), seeds, 1, cfg.max_turns)
     text_episodes_to_tokens(tok, eps, cfg.system_prompt)
@@ -351,6 +359,20 @@ def train_pretrain(cfg: PretrainConfig, verbose: bool = True):
 TQ_AGENT_GAME = dict(items=["dog", "eagle", "car", "airplane"],
                      attributes=["alive", "able to fly", "edible"], max_turns=3, brief=True)
 """the TwentyQuestions game of ``tq-agent-tiny`` (``TwentyQuestionsEnv(**TQ_AGENT_GAME)``)"""
+# calc-agent-tiny: notebook 26's LM agent and 25's LM rung: CalcToolEnv's training templates,
+# confirmation asked in half the tasks, 6 turns, no tool list and no system prompt (short
+# conversations, ~240 characters), imitating the epsilon = 0.2 scripted policy (the gold call, else
+# a random call of ``CalcToolEnv.actions``, the 11-call menu; its own success 0.90) for 1000 steps
+# at lr 3e-3; demonstration seeds from 3_000_000 (the panels use 10**6 + i). About 4 min on 2 free
+# cores (estimated from the 600-step build's 2.5 min; 9.5 min measured on the busy shared ones).
+# Measured on the 64 panel seeds 10**6 + i (6 turns, 28 tokens a call): sampled success 0.39 (4
+# episodes a seed at temperature 1; invalid calls 10%), greedy 0.98 (no invalid call); its first
+# call alone (notebook 25's task, prompted "User: <request>"): exact 0.63 sampled, 1.0 greedy. The
+# loss falls from a plateau near 0.21 (the call's shape without its values) to 0.10 between steps
+# 300 and 550, when it learns to copy the request's values: 600 steps (sampled 0.012, greedy
+# 0.125) and 400 at lr 2e-3, epsilon 0.3 (0.012, 0.06) stopped on the plateau.
+CALC_AGENT_GAME = dict(confirm_prob=0.5, max_turns=6, show_tools=False)
+"""the CalcToolEnv of ``calc-agent-tiny`` (``CalcToolEnv(**CALC_AGENT_GAME)``)"""
 # *-medium: the gpu profiles' starts, a 34M-parameter model pretrained on a GPU (about 1M tokens
 # a step budget of 4000 x 128 documents; minutes on one H100, never built on the CPU) and then
 # fine-tuned like the tiny bases; the SFT settings are the tiny ones at a lower lr (not tuned).
@@ -373,6 +395,9 @@ BASE_MODELS = {
     "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
                                     system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
                                     steps=800, max_turns=3, lr=2e-3),
+    "calc-agent-tiny": AgentSFTConfig(env="calc_tool", env_kwargs=CALC_AGENT_GAME, system_prompt="",
+                                      epsilon=0.2, steps=1000, max_turns=6, lr=3e-3,
+                                      seed_offset=3_000_000),
     "pretrain-medium": PretrainConfig(size="medium-512", device="cuda"),
     "arith-medium": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_MEDIUM),
     "chain-mix-medium": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,

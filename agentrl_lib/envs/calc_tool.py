@@ -330,6 +330,13 @@ class CalcToolEnv:
         return obs, reward, self.done, info
 
     # --- a relative action menu, for tabular policies ----------------------------------------
+    @property
+    def actions(self) -> list[str]:
+        """The current task's ``action_menu()``: the symbolic action set of the multi-turn protocol
+        (``rollout.play_episodes`` and ``sft.scripted_policy`` index into it; the gold calls are
+        in it, so ``expert_actions()`` are too)."""
+        return self.action_menu()
+
     def action_menu(self) -> list[str]:
         """The call texts of ``MENU`` for the current task, in that order: the same index means
         the same kind of action in every task (the first and second gold tool calls, each with a
