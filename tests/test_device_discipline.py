@@ -144,3 +144,62 @@ def test_sft_losses(lm, on_meta_default):
     text_episodes_to_tokens(tok, eps, GridAgentEnv.system_prompt)
     logps, _, mask = episode_logps(model, eps, pad_id=tok.pad_token_id)  # agent SFT's loss terms
     assert torch.isfinite((logps * mask).sum())
+
+
+def test_preference_lm_paths(lm, on_meta_default):
+    """Part 2's LM paths: DPO (sigmoid and INPO) through ``dpo.train`` on ``lm_pair_logps``, RDPO's
+    rationale term and the LM's policy over a candidate set."""
+    from agentrl_lib.algorithms import dpo, inpo
+
+    model, tok = lm
+    prompts, chosen, rejected = ["1+1", "2+2"], ["2", "4"], ["3", "the answer is 5"]
+    pair_logps = dpo.lm_pair_logps(model, tok, prompts, chosen, rejected)
+    ref_c, ref_r = dpo.reference_logps(pair_logps, 2)
+    assert ref_c.device.type == "cpu"
+    rows = dpo.train(model.parameters(), pair_logps, 2, dpo.DPOConfig(lr=1e-4, num_epochs=1),
+                     ref_c, ref_r,
+                     extra_loss=lambda idx: dpo.lm_rationale_nll(
+                         model, tok, [prompts[i] for i in idx.tolist()],
+                         [chosen[i] for i in idx.tolist()], [rejected[i] for i in idx.tolist()],
+                         ["A is correct"] * len(idx), gamma=0.1)[0].mean())
+    assert np.isfinite(rows[-1]["losses/dpo"])
+    with torch.no_grad():
+        c, r = pair_logps(torch.arange(2, device="cpu"))
+        losses, _ = dpo.dpo_loss(c, r, ref_c, ref_r, beta=0.5, loss_type="inpo", eta=0.5,
+                                 prev_chosen_logps=ref_c, prev_rejected_logps=ref_r)
+    assert torch.isfinite(losses).all()
+    logp = inpo.lm_candidate_logps(model, tok, prompts, [["2", "3"], ["4", "5"]])  # (S, K)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(2, device="cpu"), atol=1e-5)
+
+
+def test_reward_head_fit(lm):
+    """The Bradley-Terry LM head (built on the host first: building a model is not the loop)."""
+    from agentrl_lib.rewards import reward_model
+
+    model, tok = lm
+    rm = guard(reward_model.lm_reward_model(model, seed=0), torch.device("cpu"))
+    texts_c = reward_model.chat_texts(tok, ["1+1", "2+2"], ["2", "4"])
+    texts_r = reward_model.chat_texts(tok, ["1+1", "2+2"], ["3", "the answer is 5"])
+    with torch.device("meta"):
+        hist = reward_model.fit(rm.parameters(),
+                                reward_model.lm_pair_rewards(rm, tok, texts_c, texts_r), 2,
+                                lr=1e-4, num_epochs=1)
+    assert np.isfinite(hist[-1]["losses/bt"])
+
+
+@pytest.mark.parametrize("arm", ["spo", "reward_model"])
+def test_spo_and_inpo_lm_loops(lm, arm, on_meta_default):
+    """SPO (both arms) and INPO's rounds with the LM as the policy over a candidate set."""
+    from agentrl_lib.algorithms import inpo, spo
+    from agentrl_lib.envs.pref_bandit import PrefBandit
+
+    model, tok = lm
+    bandit = PrefBandit.rock_paper_scissors()
+    prompts, cands = ["1+1", "2+2"], [["2", "3", "4"], ["4", "5", "6"]]
+    out = spo.lm_train(model, tok, prompts, cands, bandit,
+                       spo.SPOConfig(arm=arm, num_iters=1, num_samples=2, lr=1e-4, rm_num_pairs=4))
+    assert np.isfinite(out["exploitability"][-1])
+    if arm == "spo":
+        out = inpo.lm_iterate(model, tok, prompts, cands, bandit,
+                              inpo.IterConfig(num_iters=1, num_pairs=2, inner_steps=1, inner_lr=1e-4))
+        assert np.isfinite(out["exploitability"][-1])

@@ -170,12 +170,13 @@ def train(parameters, pair_logps, num_pairs: int, cfg: DPOConfig, ref_chosen_log
     """
     params = list(parameters)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
     history, step = [], 0
     if evaluate is not None:
         history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
     for epoch in range(cfg.num_epochs):
-        order = torch.randperm(num_pairs, generator=gen) if cfg.shuffle else torch.arange(num_pairs)
+        order = torch.randperm(num_pairs, generator=gen, device="cpu") if cfg.shuffle else \
+            torch.arange(num_pairs, device="cpu")  # host-side batch indices
         for start in range(0, num_pairs, cfg.batch_size):
             idx = order[start:start + cfg.batch_size]  # (b,)
             chosen, rejected = pair_logps(idx)  # (b,) each
@@ -242,7 +243,7 @@ def reference_logps(pair_logps, num_pairs: int, batch_size: int = 64) -> tuple[T
     """The reference's (chosen, rejected) log-probs, (N,) each, without gradients."""
     cs, rs = [], []
     for s in range(0, num_pairs, batch_size):
-        c, r = pair_logps(torch.arange(s, min(num_pairs, s + batch_size)))
+        c, r = pair_logps(torch.arange(s, min(num_pairs, s + batch_size), device="cpu"))
         cs.append(c.detach().clone())
         rs.append(r.detach().clone())
     return torch.cat(cs), torch.cat(rs)

@@ -183,12 +183,13 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
     if ref_logps is None:
         with torch.no_grad():
             ref_logps = lm_candidate_logps(model, tokenizer, prompts, candidates)
-    ref_logps = torch.as_tensor(ref_logps).detach().float()  # (S, K)
+    device = next(model.parameters()).device  # every tensor the loss touches lives there
+    ref_logps = torch.as_tensor(ref_logps, device=device).detach().float()  # (S, K)
     out = {"exploitability": [], "tv": [], "pis": []}
     for t in range(cfg.num_iters + 1):
         with torch.no_grad():
             prev = lm_candidate_logps(model, tokenizer, prompts, candidates).float()  # (S, K) pi_t
-        pi = prev.exp().double().numpy()
+        pi = prev.exp().double().cpu().numpy()
         pi /= pi.sum(-1, keepdims=True)
         out["pis"].append(pi)
         out["exploitability"].append(float(np.mean([exploitability(p, bandit.P) for p in pi])))
@@ -206,8 +207,8 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
         s_, c, r, w = (np.concatenate(x) for x in zip(*rows))
         if len(c) == 0:
             continue
-        s_, c, r = (torch.as_tensor(x, dtype=torch.long) for x in (s_, c, r))
-        w = torch.as_tensor(w, dtype=torch.float32)
+        s_, c, r = (torch.as_tensor(x, dtype=torch.long, device=device) for x in (s_, c, r))
+        w = torch.as_tensor(w, dtype=torch.float32, device=device)
         kw = {}
         if cfg.loss_type == "inpo":
             kw = {"prev_chosen_logps": prev[s_, c], "prev_rejected_logps": prev[s_, r], "eta": cfg.eta}

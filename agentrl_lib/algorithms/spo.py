@@ -234,7 +234,7 @@ def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], 
 
     for t in range(cfg.num_iters + 1):
         logp = lm_candidate_logps(model, tokenizer, prompts, candidates)  # (S, K)
-        pi = logp.detach().exp().double().numpy()
+        pi = logp.detach().exp().double().cpu().numpy()
         pi /= pi.sum(-1, keepdims=True)
         if t == cfg.num_iters:
             break
@@ -245,8 +245,8 @@ def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], 
             rewards = np.stack([self_play_rewards(sample_wins(bandit, y_s, rng)) for y_s in ys])
         else:
             rewards = r_hat[ys]  # (S, N)
-        lp = logp.gather(1, torch.as_tensor(ys, dtype=torch.long))  # (S, N)
-        soft = torch.as_tensor(rewards, dtype=lp.dtype) - cfg.alpha * lp.detach()  # (S, N)
+        lp = logp.gather(1, torch.as_tensor(ys, dtype=torch.long, device=logp.device))  # (S, N)
+        soft = torch.as_tensor(rewards, dtype=lp.dtype, device=lp.device) - cfg.alpha * lp.detach()
         adv = soft - soft.mean(1, keepdim=True)
         loss = -(adv * lp).mean()
         opt.zero_grad()

@@ -122,10 +122,10 @@ def lm_rewards(rm, tokenizer, texts: list[str]) -> Tensor:
     device = next(rm.parameters()).device
     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     L = max(len(e) for e in enc)
-    ids = torch.full((len(enc), L), tokenizer.pad_token_id, dtype=torch.long)
-    attn = torch.zeros(len(enc), L, dtype=torch.long)
+    ids = torch.full((len(enc), L), tokenizer.pad_token_id, dtype=torch.long, device="cpu")
+    attn = torch.zeros(len(enc), L, dtype=torch.long, device="cpu")
     for i, e in enumerate(enc):
-        ids[i, :len(e)] = torch.tensor(e, dtype=torch.long)
+        ids[i, :len(e)] = torch.tensor(e, dtype=torch.long, device="cpu")
         attn[i, :len(e)] = 1
     return rm(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.squeeze(-1)  # (B,)
 
@@ -142,12 +142,13 @@ def fit(parameters, pair_rewards, num_pairs: int, lr: float = 1e-2, num_epochs: 
     ``margin`` (and ``eval/*`` at epoch ends)."""
     params = list(parameters)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     history, step = [], 0
     if evaluate is not None:
         history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
     for epoch in range(num_epochs):
-        order = torch.randperm(num_pairs, generator=gen) if shuffle else torch.arange(num_pairs)
+        order = torch.randperm(num_pairs, generator=gen, device="cpu") if shuffle else \
+            torch.arange(num_pairs, device="cpu")  # host-side batch indices
         for start in range(0, num_pairs, batch_size):
             idx = order[start:start + batch_size]  # (b,)
             r_c, r_r = pair_rewards(idx)  # (b,) each
