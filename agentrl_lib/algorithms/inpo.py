@@ -24,6 +24,7 @@ import torch
 
 from agentrl_lib.algorithms.dpo import dpo_loss
 from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, total_variation
+from agentrl_lib.rollout import model_device
 
 LOSS_TYPES = ("sigmoid", "inpo")
 
@@ -183,7 +184,7 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
     if ref_logps is None:
         with torch.no_grad():
             ref_logps = lm_candidate_logps(model, tokenizer, prompts, candidates)
-    device = next(model.parameters()).device  # every tensor the loss touches lives there
+    device = model_device(model)  # every tensor the loss touches lives there
     ref_logps = torch.as_tensor(ref_logps, device=device).detach().float()  # (S, K)
     out = {"exploitability": [], "tv": [], "pis": []}
     for t in range(cfg.num_iters + 1):
