@@ -65,3 +65,65 @@ def test_training_raises_success(estimator):
     after = np.mean([h["rollout/success"] for h in hist[-5:]])
     assert after > before["success"] + 0.3, (estimator, before, after)
     assert hist[-1]["episodes"] == 30 * 16
+
+
+def test_episode_entropies_by_hand():
+    pol = KeyTablePolicy(4, seed=0)
+    eps = play_episodes(make_env, pol.act, [0], group_size=2)
+    ent = pol.episode_entropies(eps)
+    assert ent.shape == (sum(len(e) for e in eps),)
+    assert torch.allclose(ent, torch.full_like(ent, np.log(4)))  # uniform rows: log 4
+    with torch.no_grad():
+        pol.logits[pol.rows[eps[0].state_keys[0]]] = torch.tensor([np.log(3.0), 0.0, -50.0, -50.0])
+    p = np.array([0.75, 0.25])  # the two live actions, the others ~e^-50
+    assert pol.episode_entropies(eps)[0].item() == pytest.approx(-(p * np.log(p)).sum(), abs=1e-9)
+
+
+def test_entropy_bonus_regulariser_and_grad_norm():
+    """With zero advantages the PPO term has no gradient; the entropy bonus alone moves a
+    peaked row toward uniform, and a regulariser's term is added to the loss and logged."""
+    eps = play_episodes(make_env, KeyTablePolicy(4, seed=1).act, [0], group_size=2)
+    zeros = [np.zeros(len(e)) for e in eps]
+
+    def peaked():
+        pol = KeyTablePolicy(4, seed=1)
+        for ep in eps:
+            for k in ep.state_keys:
+                pol.row(k)
+        with torch.no_grad():
+            pol.logits[: len(pol.rows)] = torch.tensor([2.0, 0.0, 0.0, 0.0])
+        return pol
+
+    pol = peaked()
+    opt = torch.optim.SGD(pol.parameters(), lr=0.1)
+    m = agent_pg.update(pol, opt, eps, zeros, AgentPGConfig())
+    assert m["losses/grad_norm"] == 0.0 and "losses/entropy" not in m
+    h0 = pol.episode_entropies(eps).mean().item()
+    m = agent_pg.update(pol, opt, eps, zeros, AgentPGConfig(entropy_coef=1.0))
+    assert m["losses/grad_norm"] > 0 and m["losses/entropy"] == pytest.approx(h0)
+    assert pol.episode_entropies(eps).mean().item() > h0  # ascended the entropy
+    pol2 = peaked()
+    calls = []
+
+    def reg(ent, it):
+        calls.append(it)
+        return (ent.mean() - 0.5) ** 2, {"target": 0.5}
+    m = agent_pg.update(pol2, torch.optim.SGD(pol2.parameters(), lr=0.1), eps, zeros,
+                        AgentPGConfig(), regulariser=reg, it=7)
+    assert calls == [7] and m["losses/reg_target"] == 0.5
+    assert m["losses/loss"] == pytest.approx((h0 - 0.5) ** 2)
+    with pytest.raises(ValueError, match="episode_entropies"):
+        agent_pg.update(type("P", (), {"episode_logps": pol.episode_logps})(), opt, eps, zeros,
+                        AgentPGConfig(entropy_coef=0.1))
+
+
+def test_horizon_schedule_cuts_episodes():
+    cfg = AgentPGConfig(num_iters=5, num_prompts=2, group_size=2, lr=0.0,
+                        horizon_schedule=((0, 2), (3, 6)))
+    assert [cfg.max_turns_at(i) for i in range(5)] == [2, 2, 2, 6, 6]
+    rows = agent_pg.train(make_env, KeyTablePolicy(4, seed=0), cfg, [0, 1, 2, 3])
+    assert [r["rollout/max_turns"] for r in rows] == [2, 2, 2, 6, 6]
+    assert all(r["rollout/turns"] <= 2 for r in rows[:3]) and "rollout/entropy" in rows[0]
+    for bad in [((1, 2),), ((0, 2), (0, 3)), ((0, 0),), ()]:
+        with pytest.raises(ValueError, match="horizon_schedule"):
+            AgentPGConfig(horizon_schedule=bad)

@@ -9,7 +9,15 @@ rho = 1 at the first step). The policy is any table of ``models.policies`` with 
 and ``episode_logps`` (``KeyTablePolicy``).
 
 Logged rows: ``iter``, ``episodes`` (played so far), ``rollout/*`` (success, return, turns,
-invalid, abs_adv), ``losses/*`` (loss, clipfrac, approx_kl) and ``eval/*`` (``eval_fn``'s dict).
+invalid, abs_adv, entropy: the mean policy entropy over the batch's turns, max_turns: the turn cap
+used), ``losses/*`` (loss, clipfrac, approx_kl, grad_norm: the gradient's L2 norm before the step)
+and ``eval/*`` (``eval_fn``'s dict).
+
+Hooks for the long-horizon papers: ``entropy_coef`` adds a constant entropy bonus
+-coef * mean_t H(pi(.|k_t)) to the loss; ``train(..., regulariser=fn)`` adds any other term of the
+turn entropies, fn(entropies (N,) with gradient, iteration) -> (loss, metrics) (EPO's smoothing
+regulariser); ``horizon_schedule`` changes the turn cap during training (AgentGym-RL's
+ScalingInter-RL).
 
 Estimators (strings, see ``credit.py``): 'reinforce' (the episode's return, no baseline, on
 every turn), 'grpo' (return normalised within its group, broadcast), 'gigpo' (episode +
@@ -27,7 +35,6 @@ import torch
 from agentrl_lib.algorithms import credit
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
-from agentrl_lib.utils import optimizer_step
 
 ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae")
 
@@ -61,6 +68,12 @@ class AgentPGConfig:
     """turn_gae: step size of the tabular critic's move toward returns-to-go"""
     max_turns: int | None = None
     """cut episodes here (None: the environment's own cap)"""
+    horizon_schedule: tuple | None = None
+    """((from_iter, max_turns), ...): from iteration ``from_iter`` (0-based, ascending, the first
+    0) episodes are cut at that many turns; replaces ``max_turns`` (AgentGym-RL's ScalingInter-RL)"""
+    entropy_coef: float = 0.0
+    """weight of a constant entropy bonus: loss -= entropy_coef * mean turn entropy (needs a
+    policy with ``episode_entropies``)"""
     eval_every: int = 10
     """iterations between eval_fn calls"""
     seed: int = 0
@@ -69,6 +82,19 @@ class AgentPGConfig:
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.horizon_schedule is not None:
+            starts = [int(s) for s, _ in self.horizon_schedule]
+            if not starts or starts[0] != 0 or starts != sorted(set(starts)):
+                raise ValueError("horizon_schedule must be ((0, H0), (i1, H1), ...) with strictly "
+                                 f"ascending iterations starting at 0, got {self.horizon_schedule!r}")
+            if any(int(h) < 1 for _, h in self.horizon_schedule):
+                raise ValueError(f"horizon_schedule turn caps must be >= 1, got {self.horizon_schedule!r}")
+
+    def max_turns_at(self, it: int) -> int | None:
+        """The turn cap of iteration ``it`` (0-based): the schedule's, else ``max_turns``."""
+        if self.horizon_schedule is None:
+            return self.max_turns
+        return int([h for s, h in self.horizon_schedule if int(s) <= it][-1])
 
 
 def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None) -> list[np.ndarray]:
@@ -95,28 +121,55 @@ def fit_critic(critic: dict, episodes, gamma: float, step: float) -> dict:
     return critic
 
 
-def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig) -> dict:
-    """PPO-clipped steps on one batch, turn-level mean. Returns the last step's ``losses/*``."""
+def grad_norm(parameters) -> float:
+    """The L2 norm of the gradients of ``parameters`` together (0 where none)."""
+    sq = [p.grad.detach().pow(2).sum() for p in parameters if p.grad is not None]
+    return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+
+
+def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig, regulariser=None,
+           it: int = 0) -> dict:
+    """PPO-clipped steps on one batch, turn-level mean, plus ``cfg.entropy_coef``'s bonus and
+    ``regulariser``'s term. Returns the last step's ``losses/*`` (with ``grad_norm``, the norm of
+    the whole loss's gradient before the step)."""
     adv = torch.as_tensor(np.concatenate(advantages), dtype=torch.float64)  # (N,)
+    needs_entropy = cfg.entropy_coef != 0.0 or regulariser is not None
+    if needs_entropy and not hasattr(policy, "episode_entropies"):
+        raise ValueError("entropy_coef and regulariser need a policy with episode_entropies "
+                         f"(e.g. KeyTablePolicy); {type(policy).__name__} has none")
     with torch.no_grad():
         old = policy.episode_logps(episodes)  # (N,)
     metrics = {}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     for _ in range(cfg.num_epochs):
         logps = policy.episode_logps(episodes)  # (N,)
         loss, metrics = ppo_clip_loss(logps, old, adv, clip_eps=cfg.clip_eps)
-        optimizer_step(optimizer, loss)
+        if needs_entropy:
+            ent = policy.episode_entropies(episodes)  # (N,)
+            metrics["entropy"] = ent.mean().item()
+            if cfg.entropy_coef != 0.0:
+                loss = loss - cfg.entropy_coef * ent.mean()
+            if regulariser is not None:
+                reg, reg_metrics = regulariser(ent, it)
+                loss = loss + reg
+                metrics.update({f"reg_{k}": v for k, v in reg_metrics.items()})
+        optimizer.zero_grad()
+        loss.backward()
+        metrics["grad_norm"] = grad_norm(params)
+        optimizer.step()
         metrics["loss"] = loss.item()
     return {f"losses/{k}": v for k, v in metrics.items()}
 
 
 def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
-          eval_fn=None, log=None) -> list[dict]:
+          eval_fn=None, log=None, regulariser=None) -> list[dict]:
     """Train ``policy`` for ``cfg.num_iters`` batches. Returns one row per iteration: episodes so
     far, batch success rate and return, mean |A|, the loss metrics, and ``eval_fn(policy)``'s dict
     (under ``eval/``) every eval_every iterations, the first and the last.
 
     advantage_fn(episodes) -> list of (T_i,) arrays replaces ``cfg.estimator`` (plug in ArCHer's
-    critic, SPA-RL's progress, or anything else). log: optional MetricsLogger.
+    critic, SPA-RL's progress, or anything else). log: optional MetricsLogger. regulariser:
+    fn(turn entropies (N,), iteration) -> (loss term, metrics), added to the loss (``update``).
     """
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
@@ -124,7 +177,8 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
     history, num_episodes = [], 0
     for it in range(cfg.num_iters):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
-        episodes = play_episodes(make_env, policy.act, list(seeds), cfg.group_size, cfg.max_turns)
+        max_turns = cfg.max_turns_at(it)
+        episodes = play_episodes(make_env, policy.act, list(seeds), cfg.group_size, max_turns)
         num_episodes += len(episodes)
         if advantage_fn is not None:
             adv = advantage_fn(episodes)
@@ -132,9 +186,14 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
             adv = estimate(episodes, cfg, critic)
             if cfg.estimator == "turn_gae":
                 fit_critic(critic, episodes, cfg.gamma, cfg.critic_lr)
-        metrics = update(policy, optimizer, episodes, adv, cfg)
+        metrics = update(policy, optimizer, episodes, adv, cfg, regulariser, it)
         row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/"),
                "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))), **metrics}
+        if max_turns is not None:
+            row["rollout/max_turns"] = max_turns
+        if hasattr(policy, "episode_entropies"):
+            with torch.no_grad():
+                row["rollout/entropy"] = float(policy.episode_entropies(episodes).mean())
         if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
                                     or it + 1 == cfg.num_iters):
             row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})

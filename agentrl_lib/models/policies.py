@@ -175,6 +175,14 @@ class KeyTablePolicy(nn.Module):
         idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
         return torch.log_softmax(self.logits[idx], -1).gather(-1, actions[:, None]).squeeze(-1)
 
+    def episode_entropies(self, episodes) -> torch.Tensor:
+        """H(pi(. | k_t)) = -sum_a pi log pi of every turn of every episode, concatenated, with
+        gradient (entropy bonuses and regularisers; EMPG's step entropies). (sum_i T_i,)"""
+        keys = [k for ep in episodes for k in self.keys_of(ep)]
+        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
+        logp = torch.log_softmax(self.logits[idx], -1)  # (N, A)
+        return -(logp.exp() * logp).sum(-1)
+
 
 def tabular_agent(probs, index, generator: np.random.Generator | None = None):
     """A policy for ``play_episodes`` from a table: ``probs[index(env)]`` is the action
