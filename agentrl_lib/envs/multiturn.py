@@ -30,7 +30,8 @@ layouts are in ``LAYOUTS`` ("5x5", "7x7"; ``show_walls=False`` keeps their obser
 ``SubtaskGridEnv`` is the gridworld of the long-horizon and hierarchical papers (HiPER, EPO, ...):
 waypoints to visit in order, the stage (how many are done) in the state, (cell, stage), so its
 tabular form is exact too. Named variants (``SUBTASK_VARIANTS``): "keydoor" (a key, then a goal
-behind a door that opens only with the key; 30 optimal steps) and "abc" (visit A, then B, then C).
+behind a door that opens only with the key; 30 optimal steps), "abc" (visit A, then B, then C)
+and "chain1".."chain4" (1..4 dependent subtasks on one 5x5 grid, 4 optimal steps each).
 
 Both give a fixed evaluation panel with a hash (``eval_panel``): numbers from two runs are
 comparable only when their panel hashes match.
@@ -270,6 +271,30 @@ SUBTASK_VARIANTS = {
                         "..S..",
                         ".#.#.",
                         "C..SS"], order="ABC", max_turns=24),
+    # 1..4 dependent subtasks on one open 5x5 grid (HiPER's "multiple dependent subtasks"): from
+    # the two starts in the middle, visit the corners in order, 4 optimal steps from the centre
+    # to the first and 4 between corners, so the optimal path grows by 4 per subtask; the turn
+    # cap is 5 per subtask plus 4.
+    "chain1": dict(layout=["G....",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....."], order="G", max_turns=9),
+    "chain2": dict(layout=["A...G",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....."], order="AG", max_turns=14),
+    "chain3": dict(layout=["A...B",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....G"], order="ABG", max_turns=19),
+    "chain4": dict(layout=["A...B",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "G...C"], order="ABCG", max_turns=24),
 }
 WAYPOINT_NAMES = {"K": "key", "G": "goal"}
 
