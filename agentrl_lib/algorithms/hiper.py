@@ -43,7 +43,11 @@ For the credit arena (``GridAgentEnv``, no stages), use::
     hiper_advantages(episodes, fixed_segments(episodes, 5), values=batch_values(episodes))
 
 ``batch_values`` is the critic-free value of the batch: the mean discounted return-to-go of the
-group's turns from the same state key (GiGPO's anchor mean). With a critic, pass its V(s_t).
+group's turns from the same state key (GiGPO's anchor mean). With a critic, pass its V(s_t); with
+the exact time-indexed V^pi_t(s_t) (``dp.finite_horizon_advantages``; ``last_values`` 0 at the
+turn cap) HAE is unbiased, the setting of the paper's theorem (notebook 40, section 4). With a
+learned critic the cut at each boundary passes the critic's error there to the whole segment:
+notebook 40 measures that HAE then trains *worse* than flat GAE on 2-4 subtasks.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ def stage_segments(episodes, stage_of=None) -> list[np.ndarray]:
     """One segment per subgoal: the segment id counts the stage changes in the state keys before
     turn t (``stage_of(key)`` defaults to ``key[1]``, the stage of ``SubtaskGridEnv``'s (cell,
     stage)). The turn that reaches a waypoint closes its segment; the next turn opens a new one.
+    On ``GridAgentEnv`` keys (cell, goal) the value read is the goal, constant in an episode, so
+    every episode is one segment (flat GAE): use ``fixed_segments`` there.
 
     >>> from agentrl_lib.rollout import Episode
     >>> ep = Episode.of([((0, 0), 0), ((0, 1), 0), ((0, 2), 1), ((0, 3), 1), ((0, 4), 2)], [0] * 5)
