@@ -30,8 +30,7 @@ layouts are in ``LAYOUTS`` ("5x5", "7x7"; ``show_walls=False`` keeps their obser
 ``SubtaskGridEnv`` is the gridworld of the long-horizon and hierarchical papers (HiPER, EPO, ...):
 waypoints to visit in order, the stage (how many are done) in the state, (cell, stage), so its
 tabular form is exact too. Named variants (``SUBTASK_VARIANTS``): "keydoor" (a key, then a goal
-behind a door that opens only with the key; 30 optimal steps), "abc" (visit A, then B, then C)
-and "chain1".."chain4" (1..4 dependent subtasks on one 5x5 grid, 4 optimal steps each).
+behind a door that opens only with the key; 30 optimal steps) and "abc" (visit A, then B, then C).
 
 Both give a fixed evaluation panel with a hash (``eval_panel``): numbers from two runs are
 comparable only when their panel hashes match.
