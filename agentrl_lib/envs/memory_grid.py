@@ -25,8 +25,8 @@ so with H = the turn cap
     Q(t, c, a) = R(s, a) + gamma sum_s' P(s' | s, a) [s' not terminal] V(t + 1, c')  (Q = R at t = H - 1),
     V(t, c) = sum_a pi(a | c) Q(t, c, a),   A^pi_t = Q(t, c_t, a_t) - V(t, c_t),
 
-with s the last state of c and c' = C_W of the history extended by (s, a) and s'. The recursion is
-memoised over the contexts reachable from the ones asked for. With window 0 the policy is Markov
+with s the last state of c and c' = C_W of the history extended by (s, a) and s'. The recursion
+runs over the graph of contexts reachable from the task's start (``context_graph``). With window 0 the policy is Markov
 and the values equal ``dp.finite_horizon_advantages`` (tests/test_hgpo.py checks this). With
 gamma = 1, goal_reward = 1 and no step reward or penalty, V(0, (s_0,)) is the exact probability
 of success (``success``).
@@ -91,12 +91,69 @@ class MemoryGridEnv(GridAgentEnv):
                            len(self.history_states) - 1, k)
 
 
+_GRAPHS: dict = {}
+"""the context graph of each (game, task, window, horizon), shared by every oracle (policy-free)"""
+
+
+def context_graph(env: GridAgentEnv, task: tuple, window: int, horizon: int):
+    """The contexts C_window reachable from the task's start within ``horizon`` turns and their
+    transitions: (contexts (list, index = row), index {context: row}, src (E,) = row * A + action,
+    dst (E,) = next row, prob (E,), reward (C * A,)). A transition into the goal (terminal) ends
+    the episode and has no edge; its reward is in ``reward``. Cached per game."""
+    start, goal = tuple(map(tuple, task))
+    key = (tuple(env.layout), tuple(sorted(env.kw.items())), (start, goal), int(window), int(horizon))
+    if key in _GRAPHS:
+        return _GRAPHS[key]
+    mdp = env.tabular_form(start, goal)
+    P, R, live = mdp.P.numpy(), mdp.R.numpy(), ~mdp.terminal.numpy()
+    tab = [env.action_index(a) for a in env.actions]  # text action j -> tabular index
+    keep = 2 * int(window) + 1
+    first = ((start, goal),)
+    contexts, index = [first], {first: 0}
+    src, dst, prob, reward = [], [], [], []
+    frontier, depth = [first], 0
+    while frontier:
+        new = []
+        for ctx in frontier:
+            i = index[ctx]
+            cell = ctx[-1][0]
+            s = cell[0] * env.cols + cell[1]
+            for j, a in enumerate(tab):
+                reward.append((i * len(tab) + j, R[s, a]))
+                if depth + 1 >= horizon:
+                    continue
+                for s2 in np.flatnonzero(P[s, a] > 0):
+                    if not live[s2]:
+                        continue
+                    full = ctx + (j, (env.cell(int(s2)), goal))
+                    nxt = full[-keep:]
+                    if nxt not in index:
+                        index[nxt] = len(contexts)
+                        contexts.append(nxt)
+                        new.append(nxt)
+                    src.append(i * len(tab) + j)
+                    dst.append(index[nxt])
+                    prob.append(P[s, a, s2])
+        frontier, depth = new, depth + 1
+    r = np.zeros(len(contexts) * len(tab))
+    for k, v in reward:
+        r[k] = v
+    out = (contexts, index, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64),
+           np.array(prob, dtype=np.float64), r)
+    _GRAPHS[key] = out
+    return out
+
+
 class WindowOracle:
     """Exact V and A^pi of a policy pi(a | C_window(h_t)) on one ``GridAgentEnv`` game.
 
     probs_fn(context) -> (A,) probabilities over ``env.actions`` (text order) of the context
     C_window (``context_key``'s tuple). gamma: the discount (default the environment's); use 1.0
     for success probabilities. horizon: the turn cap (default ``env.max_turns``).
+
+    Per task, the contexts reachable from the start form a finite graph (``context_graph``); the
+    finite-horizon recursion runs as ``horizon`` backward sweeps over its edges (numpy), giving
+    Q (H, C, A) and V (H, C) at every turn and context at once.
     """
 
     def __init__(self, env: GridAgentEnv, probs_fn, window: int, gamma: float | None = None,
@@ -106,78 +163,60 @@ class WindowOracle:
         self.env, self.probs_fn, self.window = env, probs_fn, int(window)
         self.gamma = float(env.kw["gamma"] if gamma is None else gamma)
         self.horizon = int(env.max_turns if horizon is None else horizon)
-        # text action j -> tabular action index
-        self._tab = [env.action_index(a) for a in env.actions]
-        self._memo: dict = {}
-        self._mdp: dict = {}
+        self._solved: dict = {}
 
-    def _tables(self, goal: tuple, cell: tuple):
-        """P (S, A, S) and R (S, A) as numpy, live (S,), for the task (cell, goal); the dynamics
-        of GridAgentEnv do not depend on the start, only the goal."""
-        if goal not in self._mdp:
-            mdp = self.env.tabular_form(cell, goal)
-            self._mdp[goal] = (mdp.P.numpy(), mdp.R.numpy(), ~mdp.terminal.numpy())
-        return self._mdp[goal]
+    def solve(self, task: tuple):
+        """(index {context: row}, Q (H, C, A), V (H, C)) of one task (start, goal)."""
+        task = tuple(map(tuple, task))
+        if task not in self._solved:
+            contexts, index, src, dst, prob, r = context_graph(self.env, task, self.window,
+                                                               self.horizon)
+            A, C, H = len(self.env.actions), len(contexts), self.horizon
+            pi = np.array([self.probs_fn(c) for c in contexts], dtype=np.float64)  # (C, A)
+            Q, V = np.zeros((H, C, A)), np.zeros((H, C))
+            v = np.zeros(C)  # V at turn t + 1
+            for t in range(H - 1, -1, -1):
+                cont = np.bincount(src, weights=prob * v[dst], minlength=C * A)  # (C * A,)
+                q = (r + self.gamma * cont).reshape(C, A)  # (C, A)
+                Q[t], V[t] = q, (pi * q).sum(-1)
+                v = V[t]
+            self._solved[task] = (index, Q, V)
+        return self._solved[task]
 
-    def _next(self, ctx: tuple, a: int, s2) -> tuple:
-        full = ctx[:-1] + (ctx[-1], a, s2)  # pairs ..., (s, a), then s'
-        keep = 2 * self.window + 1
-        return full[-keep:] if len(full) > keep else full
-
-    def q(self, t: int, ctx: tuple) -> np.ndarray:
+    def q(self, t: int, ctx: tuple, task: tuple) -> np.ndarray:
         """Q(t, c, .) over ``env.actions``, (A,)."""
-        key = ("q", t, ctx)
-        if key in self._memo:
-            return self._memo[key]
-        cell, goal = ctx[-1]
-        P, R, live = self._tables(goal, cell)
-        s = cell[0] * self.env.cols + cell[1]
-        out = np.zeros(len(self.env.actions))
-        for j, a_tab in enumerate(self._tab):
-            v = R[s, a_tab]
-            if t + 1 < self.horizon:
-                for s2 in np.flatnonzero(P[s, a_tab] > 0):
-                    if live[s2]:
-                        nxt = self._next(ctx, j, (self.env.cell(int(s2)), goal))
-                        v += self.gamma * P[s, a_tab, s2] * self.value(t + 1, nxt)
-            out[j] = v
-        out = out * float(live[s])
-        self._memo[key] = out
-        return out
+        index, Q, _ = self.solve(task)
+        return Q[t, index[ctx]]
 
-    def value(self, t: int, ctx: tuple) -> float:
-        """V(t, c) = sum_a pi(a | c) Q(t, c, a); 0 at t >= horizon."""
-        if t >= self.horizon:
-            return 0.0
-        key = ("v", t, ctx)
-        if key not in self._memo:
-            pi = np.asarray(self.probs_fn(ctx), dtype=np.float64)  # (A,)
-            self._memo[key] = float(pi @ self.q(t, ctx))
-        return self._memo[key]
+    def value(self, t: int, ctx: tuple, task: tuple) -> float:
+        """V(t, c) = sum_a pi(a | c) Q(t, c, a)."""
+        index, _, V = self.solve(task)
+        return float(V[t, index[ctx]])
 
     def turn_values(self, ep) -> np.ndarray:
         """V(t, C_W(h_t)) of every turn of an episode, (T,)."""
-        return np.array([self.value(t, context_key(ep.state_keys, ep.action_ids, t, self.window))
+        index, _, V = self.solve(ep.task)
+        return np.array([V[t, index[context_key(ep.state_keys, ep.action_ids, t, self.window)]]
                          for t in range(len(ep))])
 
     def advantages(self, episodes) -> list[np.ndarray]:
         """The exact A^pi_t = Q(t, c_t, a_t) - V(t, c_t) of every turn, (T_i,) per episode.
-        Needs symbolic episodes (``action_ids`` not None)."""
+        Needs symbolic episodes (``action_ids`` of valid actions) with ``task``."""
         out = []
         for ep in episodes:
             if ep.action_ids is None or any(a is None or a < 0 for a in ep.action_ids):
                 raise ValueError("WindowOracle.advantages needs action_ids of valid actions")
-            adv = []
-            for t in range(len(ep)):
-                c = context_key(ep.state_keys, ep.action_ids, t, self.window)
-                adv.append(self.q(t, c)[ep.action_ids[t]] - self.value(t, c))
-            out.append(np.array(adv))
+            index, Q, V = self.solve(ep.task)
+            rows = [index[context_key(ep.state_keys, ep.action_ids, t, self.window)]
+                    for t in range(len(ep))]
+            out.append(np.array([Q[t, c, a] - V[t, c]
+                                 for t, (c, a) in enumerate(zip(rows, ep.action_ids))]))
         return out
 
     def start_value(self, task: tuple) -> float:
         """V(0, (s_0,)) of a task (start, goal): with gamma = 1 and goal_reward 1, P(success)."""
-        start, goal = tuple(map(tuple, task))
-        return self.value(0, ((start, goal),))
+        index, _, V = self.solve(task)
+        return float(V[0, 0])
 
     def success(self, tasks=None) -> float:
         """Mean exact success probability over ``tasks`` (default the environment's), for an
