@@ -1,4 +1,4 @@
-"""HGPO's hierarchy of history groups and the exact values of a window agent, against numbers by hand."""
+"""HGPO's hierarchy of history groups and the exact values of a window agent, by hand."""
 
 import numpy as np
 import pytest
@@ -35,8 +35,9 @@ def test_context_key_and_levels_by_hand():
 
 def test_level_zero_is_gigpo_step_term_and_depth_zero_is_gigpo():
     rng = np.random.default_rng(0)
-    eps = [ep(list(rng.integers(0, 3, n)), list(rng.random(n).round(1)), list(rng.integers(0, 2, n)),
-              gid=int(g)) for n, g in zip([1, 3, 4, 2, 5, 1], [0, 0, 0, 1, 1, 1])]
+    eps = [ep(list(rng.integers(0, 3, n)), list(rng.random(n).round(1)),
+              list(rng.integers(0, 2, n)), gid=int(g))
+           for n, g in zip([1, 3, 4, 2, 5, 1], [0, 0, 0, 1, 1, 1])]
     for a, b in zip(hgpo.level_advantages(eps, 0, 0.9), credit.step_advantages(eps, 0.9)):
         assert np.allclose(a, b)
     for a, b in zip(hgpo.hgpo_advantages(eps, 0.9, depth=0), credit.gigpo_advantages(eps, 0.9)):
@@ -52,7 +53,8 @@ def test_hierarchy_weights_and_aggregate_by_hand():
         hgpo.hierarchy_weights([2], "softmax")
     e = batch()
     # turn 1 (state s), unnormalised, gamma 0.5: rtg 1, 0, 0.5
-    # level 0 {e0, e1, e2}: mean 0.5 -> 0.5, -0.5, 0;  level 1 {e0, e1}: mean 0.5 -> 0.5, -0.5; e2 alone
+    # level 0 {e0, e1, e2}: mean 0.5 -> 0.5, -0.5, 0; level 1 {e0, e1}: mean 0.5 -> 0.5, -0.5;
+    # e2 alone at level 1
     # weights (levels 0, 1 with alpha 1): 1/3, 2/3 for e0, e1; e2 only level 0
     a = hgpo.hgpo_step_advantages(e, gamma=0.5, depth=1, norm_adv=False)
     assert np.allclose([a[0][1], a[1][1], a[2][1]], [0.5, -0.5, 0.0])
@@ -112,7 +114,8 @@ def test_window_oracle_window_zero_equals_dp_and_success():
 
 
 def test_window_oracle_matches_monte_carlo_and_policy_plays_contexts():
-    env_fn = lambda: MemoryGridEnv(layout="4x4", tasks=[((0, 0), (3, 3))], max_turns=6, slip=0.1)  # noqa: E731
+    env_fn = lambda: MemoryGridEnv(layout="4x4", tasks=[((0, 0), (3, 3))],  # noqa: E731
+                                   max_turns=6, slip=0.1)
     pol = hgpo.WindowTablePolicy(4, window=1, seed=0, init_scale=1.0)
     eps = play_episodes(env_fn, pol.act, [0] * 150, group_size=4)
     orc = WindowOracle(env_fn(), pol.probs_fn(), 1, gamma=1.0)

@@ -7,7 +7,8 @@ the turns of a group's episodes that act from the same *state*; their prompts ma
 nested groups by the k-step context operator C_k(h_t) = ((s_{t-k}, a_{t-k}), ..., s_t)
 (``envs.memory_grid.context_key``), k = 0, ..., K:
 
-    G_k(t) = {turns j of the same task group with C_k(h_j) = C_k(h_t)},   G_0 ⊇ G_1 ⊇ ... ⊇ G_K,
+    G_k(t) = {turns j of the same task group with C_k(h_j) = C_k(h_t)},
+    G_0 ⊇ G_1 ⊇ ... ⊇ G_K,
 
 G_0 being GiGPO's anchor-state group and G_K the turns with the same whole K-step memory. In each
 group the step advantage is the return-to-go normalised in the group (GiGPO's A^S),
@@ -17,7 +18,8 @@ group the step advantage is the return-to-go normalised in the group (GiGPO's A^
 and the levels are aggregated with adaptive weights over the levels where the group has at least
 two members (a singleton carries no relative signal):
 
-    A^H_t = sum_k w_k(t) A_k(t),   w_k(t) = (k + 1)^alpha [|G_k(t)| >= 2] / sum_j (j + 1)^alpha [|G_j(t)| >= 2],
+    A^H_t = sum_k w_k(t) A_k(t),
+    w_k(t) = (k + 1)^alpha [|G_k(t)| >= 2] / sum_j (j + 1)^alpha [|G_j(t)| >= 2],
 
 so deeper (more consistent, lower-bias) groups get more weight while they exist, and a turn whose
 deep groups are singletons falls back on the larger shallow groups (lower variance). The turn's
@@ -123,7 +125,8 @@ def _hierarchy(episodes, depth: int, gamma, weighting, alpha, norm_adv, ddof, ep
     sizes = [level_stats(episodes, k, gamma)[0] for k in range(depth + 1)]
     weights = []
     for i, ep in enumerate(episodes):
-        w = np.array([hierarchy_weights([sizes[k][i][t] for k in range(depth + 1)], weighting, alpha)
+        w = np.array([hierarchy_weights([sizes[k][i][t] for k in range(depth + 1)], weighting,
+                                        alpha)
                       for t in range(len(ep))]).reshape(len(ep), depth + 1)  # (T, K+1)
         weights.append(w)
     return levels, weights
@@ -134,8 +137,8 @@ def hgpo_step_advantages(episodes, gamma: float = 0.95, depth: int = 2, weightin
                          eps: float = 1e-4) -> list[np.ndarray]:
     """A^H_t = sum_k w_k(t) A_k(t) over the levels k = 0..depth; (T_i,) per episode."""
     levels, weights = _hierarchy(episodes, depth, gamma, weighting, alpha, norm_adv, ddof, eps)
-    return [(w * np.stack([lv[i] for lv in levels], -1)).sum(-1) if len(episodes[i]) else np.zeros(0)
-            for i, w in enumerate(weights)]
+    return [(w * np.stack([lv[i] for lv in levels], -1)).sum(-1) if len(episodes[i])
+            else np.zeros(0) for i, w in enumerate(weights)]
 
 
 def hgpo_advantages(episodes, gamma: float = 0.95, depth: int = 2, weighting: str = "power",
@@ -150,7 +153,7 @@ def hgpo_advantages(episodes, gamma: float = 0.95, depth: int = 2, weighting: st
 
 
 def hgpo_baselines(episodes, gamma: float = 0.95, depth: int = 2, weighting: str = "power",
-                   alpha: float = 1.0, values=None) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+                   alpha: float = 1.0, values=None) -> tuple[list, list | None]:
     """The baseline of the unnormalised hierarchy, b_t = sum_k w_k(t) mean_{G_k(t)} G (= G_t, no
     signal, where every level is a singleton), so A^H_t = G_t - b_t with norm_adv=False. With
     ``values`` (per turn, e.g. the exact V^pi(h_t), (T_i,) each) also its expectation given the
@@ -159,10 +162,12 @@ def hgpo_baselines(episodes, gamma: float = 0.95, depth: int = 2, weighting: str
     ``level_baselines`` is the same for one level alone."""
     rtg = episode_returns_to_go(episodes, gamma)
     stats = [level_stats(episodes, k, gamma) for k in range(depth + 1)]
-    vmeans = None if values is None else [_group_means(episodes, k, values) for k in range(depth + 1)]
+    vmeans = None if values is None else [_group_means(episodes, k, values)
+                                          for k in range(depth + 1)]
     b, bbar = [], [] if values is not None else None
     for i, ep in enumerate(episodes):
-        bi, bbi = np.array(rtg[i], dtype=float), None if values is None else np.array(values[i], float)
+        bi = np.array(rtg[i], dtype=float)
+        bbi = None if values is None else np.array(values[i], dtype=float)
         for t in range(len(ep)):
             w = hierarchy_weights([stats[k][0][i][t] for k in range(depth + 1)], weighting, alpha)
             if w.sum() > 0:
@@ -213,8 +218,9 @@ def hierarchy_share(episodes, depth: int = 2) -> np.ndarray:
 
 class WindowTablePolicy(KeyTablePolicy):
     """pi(a | C_W(h_t)) = softmax(theta[C_W(h_t)]): a tabular stepwise agent whose prompt is the
-    task and its last ``window`` steps (HGPO's memory agent). Plays ``envs.memory_grid.MemoryGridEnv``
-    (reads ``env.context(window)``); ``agent_pg.train`` trains it like any ``KeyTablePolicy``.
+    task and its last ``window`` steps (HGPO's memory agent). Plays
+    ``envs.memory_grid.MemoryGridEnv`` (reads ``env.context(window)``); ``agent_pg.train`` trains
+    it like any ``KeyTablePolicy``.
     init_scale > 0 draws the logits of every row N(0, init_scale^2) (a behaviour policy whose
     actions depend on the context); 0 starts uniform."""
 

@@ -22,11 +22,13 @@ policy can read ``env.context(k)`` while playing.
 policy the future depends on the history only through (t, C_W(h_t)) (the turn cap makes t count),
 so with H = the turn cap
 
-    Q(t, c, a) = R(s, a) + gamma sum_s' P(s' | s, a) [s' not terminal] V(t + 1, c')  (Q = R at t = H - 1),
+    Q(t, c, a) = R(s, a) + gamma sum_s' P(s' | s, a) [s' not terminal] V(t + 1, c')
+                 (Q = R at t = H - 1),
     V(t, c) = sum_a pi(a | c) Q(t, c, a),   A^pi_t = Q(t, c_t, a_t) - V(t, c_t),
 
 with s the last state of c and c' = C_W of the history extended by (s, a) and s'. The recursion
-runs over the graph of contexts reachable from the task's start (``context_graph``). With window 0 the policy is Markov
+runs over the graph of contexts reachable from the task's start (``context_graph``).
+With window 0 the policy is Markov
 and the values equal ``dp.finite_horizon_advantages`` (tests/test_hgpo.py checks this). With
 gamma = 1, goal_reward = 1 and no step reward or penalty, V(0, (s_0,)) is the exact probability
 of success (``success``).
@@ -101,7 +103,8 @@ def context_graph(env: GridAgentEnv, task: tuple, window: int, horizon: int):
     dst (E,) = next row, prob (E,), reward (C * A,)). A transition into the goal (terminal) ends
     the episode and has no edge; its reward is in ``reward``. Cached per game."""
     start, goal = tuple(map(tuple, task))
-    key = (tuple(env.layout), tuple(sorted(env.kw.items())), (start, goal), int(window), int(horizon))
+    key = (tuple(env.layout), tuple(sorted(env.kw.items())), (start, goal), int(window),
+           int(horizon))
     if key in _GRAPHS:
         return _GRAPHS[key]
     mdp = env.tabular_form(start, goal)
