@@ -106,7 +106,7 @@ def preference_pairs(episodes, pairs: str = "all") -> tuple[np.ndarray, np.ndarr
 
     >>> from agentrl_lib.rollout import Episode
     >>> eps = [Episode.of(["s"], [1.0]), Episode.of(["s"], [0.0]), Episode.of(["s"], [0.5])]
-    >>> [list(x) for x in preference_pairs(eps)]
+    >>> [x.tolist() for x in preference_pairs(eps)]
     [[0, 0, 2], [1, 2, 1]]
     """
     if pairs not in PAIRINGS:
