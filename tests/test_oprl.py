@@ -147,11 +147,18 @@ def test_credit_with_policy_reference_starts_at_zero_step_rewards():
 def test_batch_entry_and_training_loop():
     make = lambda: GridAgentEnv(max_turns=8)  # noqa: E731
     pol = KeyTablePolicy(4, seed=0)
+    with torch.no_grad():
+        pol.logits.normal_(generator=torch.Generator().manual_seed(1))
     from agentrl_lib.rollout import play_episodes
     batch = play_episodes(make, pol.act, [0, 1, 2, 3], 4)
     adv = oprl.oprl_batch_advantages(batch, 4, num_epochs=10, ref_logps=oprl.policy_ref_logps(pol, batch))
     assert [len(a) for a in adv] == [len(e) for e in batch]
     assert all(np.isfinite(a).all() for a in adv)
+    # with policy= and no DPO step, every step reward is 0: OPRL is GRPO
+    zero = oprl.oprl_batch_advantages(batch, 4, num_epochs=0, policy=pol)
+    assert all(np.allclose(x, y) for x, y in zip(zero, credit.grpo_broadcast(batch)))
+    with pytest.raises(ValueError, match="not both"):
+        oprl.oprl_batch_advantages(batch, 4, policy=pol, ref_logps=oprl.policy_ref_logps(pol, batch))
     cr = oprl.OPRLCredit(oprl.ImplicitPRM(4, oprl.OPRLConfig(num_epochs=5)))
     hist = apg.train(make, pol, apg.AgentPGConfig(num_iters=2, num_prompts=2, group_size=4, eval_every=5),
                      list(range(20)), advantage_fn=cr)

@@ -28,7 +28,7 @@ episodes*::
 
 ``oprl_advantages`` takes the step rewards as an argument (pure); ``oprl_batch_advantages`` fits a
 fresh PRM on the batch alone and returns the advantages (the credit arena's entry, as ArCHer's
-critic is fitted there); ``OPRLCredit`` is the stateful ``advantage_fn`` for ``agent_pg.train``
+critic is fitted there; pass ``policy=`` the behaviour policy for the paper's reference); ``OPRLCredit`` is the stateful ``advantage_fn`` for ``agent_pg.train``
 and ``credit_fn`` for ``grpo.train`` (one PRM kept across batches).
 
 **Potential-based shaping.** Only sums over whole trajectories enter the DPO loss, so any
@@ -312,14 +312,27 @@ def oprl_batch_advantages(episodes, num_actions: int, beta: float = 1.0, alpha: 
                           gamma: float = 0.0, lr: float = 0.1, num_epochs: int = 100,
                           ref_logps=None, pairs: str = "all", key: str = "state",
                           norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
-                          action_index=None) -> list[np.ndarray]:
-    """The credit arena's entry: a *fresh* implicit PRM (uniform start) fitted by trajectory DPO
-    on this batch's pairs alone (``num_epochs`` Adam steps), its step rewards, then
-    ``oprl_advantages``. ref_logps: per episode log pi_ref(a_t | k_t) (e.g. the behaviour
-    policy's, ``KeyTablePolicy.episode_logps``); None: uniform. (T_i,) float64 per episode."""
+                          action_index=None, policy=None) -> list[np.ndarray]:
+    """The credit arena's entry: a *fresh* implicit PRM fitted by trajectory DPO on this batch's
+    pairs alone (``num_epochs`` Adam steps), its step rewards, then ``oprl_advantages``.
+    (T_i,) float64 per episode.
+
+    The reference, as the paper: ``policy`` = the table policy that sampled the batch
+    (``KeyTablePolicy``): pi_ref = pi_old and the PRM starts at its logits, so every step reward
+    is 0 before the fit (the arena's call: ``oprl_batch_advantages(batch, 4, policy=behaviour)``).
+    Else ``ref_logps`` (per episode log pi_ref(a_t | k_t)) with a uniform PRM start, or neither:
+    a uniform reference and start."""
     cfg = OPRLConfig(beta=beta, alpha=alpha, gamma=gamma, lr=lr, num_epochs=num_epochs, pairs=pairs,
                      norm_adv=norm_adv, ddof=ddof, eps=eps)
-    prm = ImplicitPRM(num_actions, cfg, key=key, action_index=action_index)
+    init = None
+    if policy is not None:
+        if ref_logps is not None:
+            raise ValueError("give policy or ref_logps, not both")
+        if not hasattr(policy, "episode_logps") or not hasattr(policy, "logits"):
+            raise ValueError("policy must be a table policy with episode_logps and logits (KeyTablePolicy)")
+        ref_logps = policy_ref_logps(policy, episodes)
+        init = lambda k: policy.logits[policy.row(k)].detach().cpu().numpy()  # noqa: E731
+    prm = ImplicitPRM(num_actions, cfg, key=key, init_logits=init, action_index=action_index)
     prm.fit(episodes, ref_logps)
     return oprl_advantages(episodes, prm.step_rewards(episodes, ref_logps), alpha, gamma,
                            norm_adv, ddof, eps)
