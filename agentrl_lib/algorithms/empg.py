@@ -26,13 +26,16 @@ a confident error in a failed episode penalised more) and g < 1 on uncertain one
 self-calibrated so that the batch's average scale is unchanged. The clarity bonus rewards a step
 whose *next* state the policy is sure about, whatever the outcome.
 
-Taken from the paper: the min-max normalisation of step entropies over the batch, the
-self-calibrating g with batch mean 1, the exponential forms with k and k', the bonus on H_{t+1},
-the final batch normalisation. Inferred (the public text leaves them open or we could not check
-the reference code): the defaults k = k' = 1 and zeta = 0.1, eps_h = 1e-8, the bonus 0 at the last
-step, the base advantage = GRPO's group-normalised undiscounted return (``credit.episode_advantages``,
-ddof = 1, eps = 1e-4), std with ddof as in ``credit.py``, and the variant ``bonus='linear'``
-(f = -zeta * H~_{t+1}, the plain "-H_{t+1}" form) as an alternative.
+Taken from the paper and its project page's pseudocode (empgseed-seed.github.io,
+``compute_empg_advantage``): the step entropy as the mean token entropy of the step, the batch
+min-max normalisation with eps_h = 1e-8, g = exp(-k H~) divided by its batch mean, the bonus
+form exp(-k' H~), and the defaults k = k' = 1, zeta = 0.1. Inferred (the part of the pseudocode we
+could read stops before it, and we did not find the reference repository): that the bonus of step
+t uses H~_{t+1} of the same episode and is 0 at the last step, the final batch standardisation
+(mean and std over all turns, ddof and eps as ``credit.py``), and the base advantage = GRPO's
+group-normalised undiscounted return (``credit.episode_advantages``). The pseudocode adds 1e-8
+to g's denominator; we do not (a relative 1e-8). ``bonus='linear'`` (f = -zeta H~_{t+1}, the plain
+"-H_{t+1}" form) is an alternative of ours.
 
 Arena use: ``empg_advantages(episodes, entropies)`` with ``entropies`` a list of (T_i,) arrays,
 e.g. ``split_turns(policy.episode_entropies(episodes), episodes)`` for a ``KeyTablePolicy``.
