@@ -359,3 +359,40 @@ def test_agent_sft_init_fine_tunes_a_named_base(tmp_path, monkeypatch):
     assert sft.config_key(child) != key  # a changed start changes the child's key
     with pytest.raises(ValueError, match="size 'small-128'"):
         sft.train_agent_sft(AgentSFTConfig(size="small-128", init="test-parent", **kw), verbose=False)
+
+
+def test_horizon_schedule_entropy_bonus_and_regulariser(moving_lm):
+    """GRPOConfig.horizon_schedule cuts the sampling rounds' episodes at the scheduled caps;
+    with zero advantages only the entropy terms move the model: the bonus's and the regulariser's
+    gradients are those of their own losses, and the regulariser sees the update's index."""
+    import copy
+    model, tok = moving_lm
+    cfg = GRPOConfig(num_prompts=2, group_size=2, max_new_tokens=6, horizon_schedule=((0, 1), (2, 3)))
+    assert [grpo.max_turns_at(cfg, i) for i in range(4)] == [1, 1, 3, 3]
+    sample = grpo.episode_sampler(tok, make_env(), list(range(10)), cfg)
+    batches = [sample(model) for _ in range(3)]
+    assert [b.metrics["rollout/max_turns"] for b in batches] == [1, 1, 3]
+    assert all(len(ep) == 1 for b in batches[:2] for ep in b.episodes)
+    with pytest.raises(ValueError, match="horizon_schedule"):
+        GRPOConfig(horizon_schedule=((1, 2),))
+    batch = batches[2]
+    batch = grpo.advantages(batch, cfg, credit_fn=lambda eps: [np.zeros(len(e)) for e in eps])
+    m0 = copy.deepcopy(model)
+    out = grpo.update(m0, torch.optim.SGD(m0.parameters(), lr=0.0), batch, cfg)
+    assert out["losses/grad_norm"] == 0.0  # zero advantages, no entropy term: no gradient
+    seen = []
+
+    def reg(ents, mask, it):
+        seen.append((tuple(ents.shape), it))
+        return -(ents * mask).sum() / mask.sum(), {"on": 1.0}
+    for kw in (dict(cfg=replace_cfg(cfg, entropy_coef=1.0)), dict(cfg=cfg, regulariser=reg, it=5)):
+        m1 = copy.deepcopy(model)
+        out = grpo.update(m1, torch.optim.SGD(m1.parameters(), lr=0.0), batch, **kw)
+        assert out["losses/grad_norm"] > 0
+        assert out["losses/loss"] == pytest.approx(-out["losses/entropy"], rel=1e-5)
+    assert seen == [(tuple(batch.seqs.loss_mask.shape), 5)] and out["losses/reg_on"] == 1.0
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+    return replace(cfg, **kw)

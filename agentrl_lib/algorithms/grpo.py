@@ -81,7 +81,6 @@ from agentrl_lib import core
 from agentrl_lib.algorithms import credit
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
-from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 TURN_ESTIMATORS = ("grpo", "gigpo")
@@ -141,6 +140,12 @@ class GRPOConfig:
     """updates between evaluations (and after the last)"""
     max_turns: int = 6
     """multi-turn: turn cap of an episode (the environment's own cap applies too)"""
+    horizon_schedule: tuple | None = None
+    """multi-turn: ((from_iter, max_turns), ...): from sampling round ``from_iter`` (0-based,
+    ascending, the first 0) episodes are cut at that many turns; replaces ``max_turns``
+    (AgentGym-RL's ScalingInter-RL)"""
+    entropy_coef: float = 0.0
+    """weight of a constant entropy bonus: loss -= entropy_coef * masked mean token entropy"""
     gamma: float = 0.95
     """multi-turn: discount of GiGPO's step-level returns (the paper's 0.95)"""
     omega: float = 1.0
@@ -163,6 +168,13 @@ class GRPOConfig:
             raise ValueError(f"clip_eps must be > 0, got {self.clip_eps!r}")
         if self.clip_eps_high is not None and not self.clip_eps_high > 0:
             raise ValueError(f"clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
+        if self.horizon_schedule is not None:
+            starts = [int(s) for s, _ in self.horizon_schedule]
+            if not starts or starts[0] != 0 or starts != sorted(set(starts)):
+                raise ValueError("horizon_schedule must be ((0, H0), (i1, H1), ...) with strictly "
+                                 f"ascending iterations starting at 0, got {self.horizon_schedule!r}")
+            if any(int(h) < 1 for _, h in self.horizon_schedule):
+                raise ValueError(f"horizon_schedule turn caps must be >= 1, got {self.horizon_schedule!r}")
         knobs = core.ESTIMATORS.get(self.estimator, {})
         if self.group_size < 2 and (self.estimator == "gigpo" or "group" in knobs.values()):
             raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
@@ -187,6 +199,13 @@ PRESETS = {
 # The columns of ``matrix()``: the fields that tell the presets apart.
 MATRIX_FIELDS = ("estimator", "is_level", "clip", "clip_eps", "clip_eps_high", "loss_agg",
                  "dynamic_sampling", "overlong_buffer", "beta")
+
+
+def max_turns_at(cfg: GRPOConfig, it: int) -> int:
+    """The turn cap of sampling round ``it`` (0-based): the schedule's, else ``cfg.max_turns``."""
+    if cfg.horizon_schedule is None:
+        return cfg.max_turns
+    return int([h for s, h in cfg.horizon_schedule if int(s) <= it][-1])
 
 
 def preset(name: str, **overrides) -> GRPOConfig:
@@ -338,18 +357,22 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
     turns of ``cfg.max_new_tokens`` tokens). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
     rng, tokens = _draws(train_seeds, cfg, "task seeds")
+    rounds = [0]
 
     def sample(model) -> Batch:
         t0 = time.perf_counter()
         seeds = rng.sample(list(train_seeds), cfg.num_prompts)
-        eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, cfg.max_turns,
+        max_turns = max_turns_at(cfg, rounds[0])
+        rounds[0] += 1
+        eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, max_turns,
                          cfg.max_new_tokens, cfg.temperature, tokens(model), system_prompt)
         t_gen = time.perf_counter() - t0
         device = model_device(model)
         seqs = pad_episodes(eps, tokenizer.pad_token_id, device)
         returns = torch.tensor([ep.ret for ep in eps], dtype=torch.float32, device=device)
         return Batch(seqs, returns, {"rollout/reward": float(np.mean([ep.ret for ep in eps])),
-                                     **episode_stats(eps, "rollout/"), "time/gen_s": t_gen},
+                                     **episode_stats(eps, "rollout/"), "rollout/max_turns": max_turns,
+                                     "time/gen_s": t_gen},
                      episodes=eps)
     return sample
 
@@ -402,9 +425,13 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
                    advantages=adv[idx], metrics=metrics, episodes=episodes)
 
 
-def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None) -> dict:
-    """``cfg.num_epochs`` steps of ``policy_loss`` on the batch (``advantages`` set). Returns the
-    last step's ``losses/*``; nothing when every row was filtered out."""
+def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None, regulariser=None,
+           it: int = 0) -> dict:
+    """``cfg.num_epochs`` steps of ``policy_loss`` on the batch (``advantages`` set), minus
+    ``cfg.entropy_coef`` x the masked mean token entropy, plus ``regulariser(entropies (B, T) with
+    gradient, loss_mask (B, T), it) -> (loss, metrics)`` when given (EPO). Returns the last step's
+    ``losses/*`` (``grad_norm``: the gradient norm before clipping); nothing when every row was
+    filtered out."""
     g = batch.seqs
     if g.completion_ids.shape[0] == 0:
         return {}
@@ -419,7 +446,18 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None) -> d
         logps, ents = generation_logps(model, g, cfg.temperature)  # (B, T) each
         loss, m = policy_loss(logps, g.logps, batch.advantages, g.loss_mask, cfg, ref_logps,
                               batch.max_len)
-        optimizer_step(optimizer, loss, cfg.max_grad_norm)
+        if cfg.entropy_coef != 0.0:
+            loss = loss - cfg.entropy_coef * core.masked_mean(ents, g.loss_mask)
+        if regulariser is not None:
+            reg, reg_metrics = regulariser(ents, g.loss_mask, it)
+            loss = loss + reg
+            m.update({f"reg_{k}": v for k, v in reg_metrics.items()})
+        optimizer.zero_grad()
+        loss.backward()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        max_norm = float("inf") if cfg.max_grad_norm is None else cfg.max_grad_norm
+        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        optimizer.step()
     model.eval()
     return {"losses/loss": loss.item(),
             "losses/entropy": core.masked_mean(ents.detach(), g.loss_mask).item(),
@@ -468,19 +506,23 @@ def _credit_metrics(credit_fn) -> dict:
 
 
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
-          on_step=None, eos_id: int | None = None, credit_fn=None) -> list[dict]:
+          on_step=None, eos_id: int | None = None, credit_fn=None, regulariser=None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
     ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
     estimator (``advantages``), and its ``metrics`` (a dict, or a list whose last dict is the latest
-    call's), if it has any, are logged under ``credit/``. Returns the logged rows (``loop``)."""
+    call's), if it has any, are logged under ``credit/``; ``regulariser`` adds a term of the token
+    entropies to the loss (``update``). Returns the logged rows (``loop``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    step = [0]
 
     def update_fn(batch: Batch) -> dict:
         batch = advantages(batch, cfg, eos_id, credit_fn)
-        return {**batch.metrics, **_credit_metrics(credit_fn),
-                **update(model, opt, batch, cfg, ref_model)}
+        out = {**batch.metrics, **_credit_metrics(credit_fn),
+               **update(model, opt, batch, cfg, ref_model, regulariser, step[0])}
+        step[0] += 1
+        return out
 
     return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
 

@@ -270,6 +270,30 @@ SUBTASK_VARIANTS = {
                         "..S..",
                         ".#.#.",
                         "C..SS"], order="ABC", max_turns=24),
+    # 1..4 dependent subtasks on one open 5x5 grid (HiPER's "multiple dependent subtasks"): from
+    # the two starts in the middle, visit the corners in order, 4 optimal steps from the centre
+    # to the first and 4 between corners, so the optimal path grows by 4 per subtask; the turn
+    # cap is 5 per subtask plus 4.
+    "chain1": dict(layout=["G....",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....."], order="G", max_turns=9),
+    "chain2": dict(layout=["A...G",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....."], order="AG", max_turns=14),
+    "chain3": dict(layout=["A...B",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "....G"], order="ABG", max_turns=19),
+    "chain4": dict(layout=["A...B",
+                           ".....",
+                           "..S..",
+                           "..S..",
+                           "G...C"], order="ABCG", max_turns=24),
 }
 WAYPOINT_NAMES = {"K": "key", "G": "goal"}
 
