@@ -230,7 +230,7 @@ def test_training_step_changes_params_and_advantages(moving_lm):
     model = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
     mk = lambda: LengthRewardEnv(layout=LAYOUT, max_turns=3)  # noqa: E731
-    for est in ("grpo", "gigpo"):
+    for est in ("grpo", "gigpo", "salt", "hgpo"):
         cfg = GRPOConfig(estimator=est, num_iters=1, num_prompts=2, group_size=4, max_turns=3,
                          max_new_tokens=6, eval_every=1, lr=1e-3, loss_agg="token_mean")
         rows = grpo.train(model, grpo.episode_sampler(tok, mk, list(range(10)), cfg), cfg,
@@ -396,3 +396,18 @@ def test_horizon_schedule_entropy_bonus_and_regulariser(moving_lm):
 def replace_cfg(cfg, **kw):
     from dataclasses import replace
     return replace(cfg, **kw)
+
+
+def test_turn_estimators_by_name_are_the_modules(moving_lm):
+    """GRPOConfig(estimator='salt' | 'hgpo') on LM episodes is exactly the module's function."""
+    from agentrl_lib.algorithms import hgpo, salt
+
+    model, tok = moving_lm
+    cfg = GRPOConfig(num_prompts=2, group_size=4, max_turns=4, max_new_tokens=6, gamma=0.9, omega=0.5)
+    eps = grpo.episode_sampler(tok, make_env(), list(range(10)), cfg)(model).episodes
+    for name, want in [("salt", salt.salt_advantages(eps, gamma=0.9)),
+                       ("hgpo", hgpo.hgpo_advantages(eps, gamma=0.9, omega=0.5))]:
+        got = grpo.turn_advantages(eps, replace_cfg(cfg, estimator=name))
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), name
+    with pytest.raises(ValueError, match="group_size"):
+        GRPOConfig(estimator="salt", group_size=1)

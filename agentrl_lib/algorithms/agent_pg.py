@@ -19,10 +19,15 @@ turn entropies, fn(entropies (N,) with gradient, iteration) -> (loss, metrics) (
 regulariser); ``horizon_schedule`` changes the turn cap during training (AgentGym-RL's
 ScalingInter-RL).
 
-Estimators (strings, see ``credit.py``): 'reinforce' (the episode's return, no baseline, on
-every turn), 'grpo' (return normalised within its group, broadcast), 'gigpo' (episode +
-anchor-state step groups), 'turn_gae' (GAE over turns with a tabular critic V(key) fitted to
-returns-to-go each iteration).
+Estimators (strings): 'reinforce' (the episode's return, no baseline, on every turn), 'grpo'
+(return normalised within its group, broadcast), 'gigpo' (episode + anchor-state step groups),
+'turn_gae' (GAE over turns with a tabular critic V(key) fitted to returns-to-go each iteration),
+all in ``credit.py``; 'salt' (trajectory-graph step advantages, ``salt.py``), 'hgpo' (hierarchy
+of history-consistent groups, ``hgpo.py``), 'empg' (GRPO's advantage modulated by the policy's
+turn entropies, ``empg.py``), 'hiper' (HiPER's segment-cut GAE with turn_gae's critic, segments
+by stage or of ``segment_len`` turns, ``hiper.py``). The estimators that need a fitted model of
+their own (ArCHer's critic, SPA-RL's progress model, OPRL's implicit PRM) or task knowledge (IGPO's
+p(gold)) plug in through ``advantage_fn``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from agentrl_lib.algorithms import credit
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
 
-ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae")
+ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae", "salt", "hgpo", "empg", "hiper")
+CRITIC_ESTIMATORS = ("turn_gae", "hiper")  # the loop fits its tabular critic for these
 
 
 @dataclass
@@ -51,7 +57,7 @@ class AgentPGConfig:
     lr: float = 0.1
     """Adam learning rate of the policy"""
     estimator: str = "grpo"
-    """'reinforce' | 'grpo' | 'gigpo' | 'turn_gae' (ignored when advantage_fn is given)"""
+    """one of ``ESTIMATORS`` (ignored when advantage_fn is given)"""
     gamma: float = 0.95
     """discount of step returns (GiGPO step groups, turn GAE); GiGPO's paper value"""
     lam: float = 0.95
@@ -65,7 +71,12 @@ class AgentPGConfig:
     num_epochs: int = 1
     """optimiser steps per batch"""
     critic_lr: float = 0.5
-    """turn_gae: step size of the tabular critic's move toward returns-to-go"""
+    """turn_gae, hiper: step size of the tabular critic's move toward returns-to-go"""
+    hgpo_depth: int = 2
+    """hgpo: the deepest history level K of the group hierarchy"""
+    segment_len: int | None = None
+    """hiper: executor segments of this many turns; None: one segment per stage of the state key
+    (``SubtaskGridEnv``'s (cell, stage))"""
     max_turns: int | None = None
     """cut episodes here (None: the environment's own cap)"""
     horizon_schedule: tuple | None = None
@@ -97,8 +108,12 @@ class AgentPGConfig:
         return int([h for s, h in self.horizon_schedule if int(s) <= it][-1])
 
 
-def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None) -> list[np.ndarray]:
-    """Per-turn advantages of ``cfg.estimator`` (``critic`` maps state keys to V for turn_gae)."""
+def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None,
+             policy=None) -> list[np.ndarray]:
+    """Per-turn advantages of ``cfg.estimator``. ``critic`` maps state keys to V (turn_gae,
+    hiper); ``policy`` is the behaviour policy whose turn entropies EMPG reads."""
+    from agentrl_lib.algorithms import empg, hgpo, hiper, salt
+
     if cfg.estimator == "reinforce":
         return [np.full(len(ep), ep.ret) for ep in episodes]
     if cfg.estimator == "grpo":
@@ -106,9 +121,25 @@ def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None) -> list[n
     if cfg.estimator == "gigpo":
         return credit.gigpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega,
                                        norm_adv=cfg.norm_adv)
+    if cfg.estimator == "salt":
+        return salt.salt_advantages(episodes, gamma=cfg.gamma, norm_adv=cfg.norm_adv)
+    if cfg.estimator == "hgpo":
+        return hgpo.hgpo_advantages(episodes, gamma=cfg.gamma, depth=cfg.hgpo_depth,
+                                    omega=cfg.omega, norm_adv=cfg.norm_adv)
+    if cfg.estimator == "empg":
+        if policy is None or not hasattr(policy, "episode_entropies"):
+            raise ValueError("estimator 'empg' needs the behaviour policy's turn entropies: pass "
+                             "a policy with episode_entropies (e.g. KeyTablePolicy)")
+        with torch.no_grad():
+            ent = empg.split_turns(policy.episode_entropies(episodes), episodes)
+        return empg.empg_advantages(episodes, ent, norm_adv=cfg.norm_adv)
     critic = {} if critic is None else critic
     values = [np.array([critic.get(k, 0.0) for k in ep.state_keys]) for ep in episodes]
     last = [critic.get(ep.next_state_key, 0.0) for ep in episodes]
+    if cfg.estimator == "hiper":
+        seg = (hiper.stage_segments(episodes) if cfg.segment_len is None
+               else hiper.fixed_segments(episodes, cfg.segment_len))
+        return hiper.hiper_advantages(episodes, seg, values, last, gamma=cfg.gamma, lam=cfg.lam)
     return credit.turn_gae(episodes, values, cfg.gamma, cfg.lam, last_values=last)
 
 
@@ -183,8 +214,8 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
         if advantage_fn is not None:
             adv = advantage_fn(episodes)
         else:
-            adv = estimate(episodes, cfg, critic)
-            if cfg.estimator == "turn_gae":
+            adv = estimate(episodes, cfg, critic, policy)
+            if cfg.estimator in CRITIC_ESTIMATORS:
                 fit_critic(critic, episodes, cfg.gamma, cfg.critic_lr)
         metrics = update(policy, optimizer, episodes, adv, cfg, regulariser, it)
         row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/"),

@@ -83,7 +83,7 @@ from agentrl_lib.rollout import Generation, episode_stats, format_prompts, gener
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
 
 Tensor = torch.Tensor
-TURN_ESTIMATORS = ("grpo", "gigpo")
+TURN_ESTIMATORS = ("grpo", "gigpo", "salt", "hgpo")
 
 
 @dataclass
@@ -91,8 +91,9 @@ class GRPOConfig:
     estimator: str = "grpo"
     """the advantage: single-turn one of ``core.ESTIMATORS`` ('reinforce', 'batch_mean', 'rloo',
     'grpo', 'dr_grpo', 'lite_ppo', 'reinforce_pp'); multi-turn 'grpo' (the episode return
-    normalised in its group,
-    on every turn) or 'gigpo' (plus omega x the anchor-state step advantage)"""
+    normalised in its group, on every turn), 'gigpo' (plus omega x the anchor-state step
+    advantage), 'salt' (trajectory-graph step advantages) or 'hgpo' (GiGPO with a hierarchy of
+    history-consistent step groups); any other turn-level estimator through ``credit_fn``"""
     std_ddof: int = 1
     """ddof of the std in 'grpo', 'lite_ppo' and 'reinforce_pp' (1 as torch.std and TRL)"""
     loss_agg: str = "seq_mean"
@@ -154,7 +155,7 @@ class GRPOConfig:
     """seeds the prompt draws and the sampling"""
 
     def __post_init__(self):
-        if self.estimator not in tuple(core.ESTIMATORS) + ("gigpo",):
+        if self.estimator not in tuple(core.ESTIMATORS) + TURN_ESTIMATORS[1:]:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of "
                              f"{tuple(core.ESTIMATORS)} (single-turn) or {TURN_ESTIMATORS} "
                              "(multi-turn)")
@@ -176,7 +177,7 @@ class GRPOConfig:
             if any(int(h) < 1 for _, h in self.horizon_schedule):
                 raise ValueError(f"horizon_schedule turn caps must be >= 1, got {self.horizon_schedule!r}")
         knobs = core.ESTIMATORS.get(self.estimator, {})
-        if self.group_size < 2 and (self.estimator == "gigpo" or "group" in knobs.values()):
+        if self.group_size < 2 and (self.estimator in TURN_ESTIMATORS or "group" in knobs.values()):
             raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
 
 
@@ -285,11 +286,17 @@ def score(reward_funcs, texts: list[str], problems: list[dict]) -> Tensor:
 
 
 def turn_advantages(episodes, cfg: GRPOConfig) -> list[np.ndarray]:
-    """One advantage per turn of each episode, by ``cfg.estimator`` ('grpo' or 'gigpo')."""
+    """One advantage per turn of each episode, by ``cfg.estimator`` (one of ``TURN_ESTIMATORS``)."""
     if cfg.estimator == "grpo":
         return credit.grpo_broadcast(episodes)
     if cfg.estimator == "gigpo":
         return credit.gigpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega)
+    if cfg.estimator == "salt":
+        from agentrl_lib.algorithms import salt
+        return salt.salt_advantages(episodes, gamma=cfg.gamma)
+    if cfg.estimator == "hgpo":
+        from agentrl_lib.algorithms import hgpo
+        return hgpo.hgpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega)
     raise ValueError(f"estimator {cfg.estimator!r} has no multi-turn form; choose one of "
                      f"{TURN_ESTIMATORS}")
 
