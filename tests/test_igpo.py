@@ -106,7 +106,10 @@ def test_tq_p_gold_posterior_and_policy_head():
     for e in eps:
         p = igpo.tq_p_gold([e], env, "posterior")[0]
         sizes = [len(b) for b, _ in list(e.state_keys) + [e.next_state_key]]
-        assert np.allclose(p, [1 / s for s in sizes])
+        want = [1 / s for s in sizes]
+        if e.success:  # after the correct guess p(gold) = 1
+            want[-1] = 1.0
+        assert np.allclose(p, want)
         assert np.allclose(p[:3], [1 / 4, 1 / 2, 1.0])  # two questions identify the item
     uniform = lambda keys: np.full((len(keys), len(env.actions)), 1 / len(env.actions))  # noqa: E731
     assert np.allclose(igpo.tq_p_gold(eps, env, "policy", uniform)[0], 0.25)
@@ -176,6 +179,8 @@ def test_infopo_and_egrpo_by_hand():
     env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"], attributes=["alive"])
     e4 = Episode.of([((0, 1, 2, 3), 0)], [0.0], next_state_key=((0, 1), 1))
     assert np.allclose(igpo.tq_found_fraction([e4], env), [2 / 3])
+    e4.infos = [{"success": True}]  # a correct guess found the item
+    assert np.allclose(igpo.tq_found_fraction([e4], env), [1.0])
 
 
 def test_lm_p_gold_equals_a_full_forward(tiny_lm):

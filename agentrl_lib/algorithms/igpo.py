@@ -183,7 +183,8 @@ def zero_variance_share(episodes, advantages=None, tol: float = 1e-12) -> float:
 def tq_p_gold(episodes, env, head: str = "posterior", probs_fn=None) -> list[np.ndarray]:
     """p(gold | h_t) for t = 0..T of TwentyQuestions episodes (state keys (belief, turn)), (T_i + 1,).
 
-    head="posterior": 1[gold in b_t] / |b_t| (the exact Bayesian answer; needs no policy).
+    head="posterior": 1[gold in b_t] / |b_t| (the exact Bayesian answer; needs no policy), and 1
+    after a correct guess (the env's state key then keeps the belief of before the guess).
     head="policy": the policy's answer head, probs_fn(keys)[:, Q + gold] / sum_i probs_fn(keys)[:, Q + i]
     (Q = env.num_questions), i.e. its guess distribution renormalised over the guesses.
     """
@@ -198,7 +199,10 @@ def tq_p_gold(episodes, env, head: str = "posterior", probs_fn=None) -> list[np.
         gold = env.items.index(ep.task)
         keys = list(ep.state_keys) + [ep.next_state_key]
         if head == "posterior":
-            out.append(np.array([float(gold in b) / len(b) for b, _ in keys]))
+            p = np.array([float(gold in b) / len(b) for b, _ in keys])
+            if ep.success:  # a correct guess reveals the item (the env keeps the belief before it)
+                p[-1] = 1.0
+            out.append(p)
         else:
             p = np.asarray(probs_fn(keys), dtype=np.float64)[:, env.num_questions:]  # (T+1, K)
             out.append(p[:, gold] / p.sum(-1))
@@ -371,8 +375,10 @@ def egrpo_advantages(episodes, found, alpha: float = 0.5, norm_adv: bool = True,
 
 def tq_found_fraction(episodes, env) -> np.ndarray:
     """The TwentyQuestions analogue of entities found: the share of the K - 1 wrong items that the
-    episode's answers eliminated, (K - |b_T|) / (K - 1) with b_T the final belief. (num_episodes,)."""
+    episode's answers eliminated, (K - |b_T|) / (K - 1) with b_T the final belief; 1 for a
+    successful episode (its correct guess identified the item). (num_episodes,)."""
     K = env.num_items
     if K < 2:
         return np.ones(len(episodes))
-    return np.array([(K - len(ep.next_state_key[0])) / (K - 1) for ep in episodes])
+    return np.array([1.0 if ep.success else (K - len(ep.next_state_key[0])) / (K - 1)
+                     for ep in episodes])
