@@ -120,9 +120,9 @@ def test_all_equal_groups_get_exactly_zero_and_normalisation_equals_core():
             for ddof in (0, 1):
                 x = rng.normal(size=n)
                 want = grpo_advantages(torch.as_tensor(x), norm_adv, ddof).numpy()
-                assert np.allclose(credit._normalise(x, norm_adv, ddof, 1e-4), want, atol=1e-12)
+                assert np.allclose(credit.group_normalise(x, norm_adv, ddof, 1e-4), want, atol=1e-12)
         same = np.full(n, 0.95)
-        assert np.array_equal(credit._normalise(same, True, 1, 1e-4), np.zeros(n))
+        assert np.array_equal(credit.group_normalise(same, True, 1, 1e-4), np.zeros(n))
         assert torch.equal(grpo_advantages(torch.as_tensor(same)), torch.zeros(n, dtype=torch.float64))
 
 

@@ -42,8 +42,9 @@ def episode_returns_to_go(episodes, gamma: float) -> list[np.ndarray]:
     return [g[i, :len(ep)] for i, ep in enumerate(episodes)]
 
 
-def _normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -> np.ndarray:
-    """``core.grpo_advantages`` of one ragged group, (n,) -> (n,); zeros for a group of one.
+def group_normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -> np.ndarray:
+    """``core.grpo_advantages`` of one ragged group, (n,) -> (n,); zeros for a group of one (the
+    group normalisation every turn-level estimator here shares: GiGPO, SALT, HGPO, OPRL, IGPO, ...).
     Written in numpy because anchor groups are many and tiny: a torch call per group made GiGPO's
     advantages ten times slower (measured on notebook 31). ``tests/test_credit.py`` checks it
     equals ``core.grpo_advantages``."""
@@ -62,7 +63,7 @@ def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof
         groups[ep.group_id].append(i)
     adv = np.zeros(len(episodes))
     for idx in groups.values():
-        adv[idx] = _normalise(rets[idx], norm_adv, ddof, eps)
+        adv[idx] = group_normalise(rets[idx], norm_adv, ddof, eps)
     return adv
 
 
@@ -109,7 +110,7 @@ def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: 
     adv = [np.zeros(len(ep)) for ep in episodes]
     for members in anchor_groups(episodes, key).values():
         values = np.array([rtg[i][t] for i, t in members])
-        for (i, t), a in zip(members, _normalise(values, norm_adv, ddof, eps)):
+        for (i, t), a in zip(members, group_normalise(values, norm_adv, ddof, eps)):
             adv[i][t] = a
     return adv
 

@@ -49,7 +49,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms.credit import _normalise, episode_advantages, episode_returns_to_go
+from agentrl_lib.algorithms.credit import group_normalise, episode_advantages, episode_returns_to_go
 from agentrl_lib.envs.memory_grid import context_key
 from agentrl_lib.models.policies import KeyTablePolicy
 
@@ -91,7 +91,7 @@ def level_advantages(episodes, k: int | None, gamma: float = 0.95, norm_adv: boo
     adv = [np.zeros(len(ep)) for ep in episodes]
     for members in history_groups(episodes, k).values():
         values = np.array([rtg[i][t] for i, t in members])
-        for (i, t), a in zip(members, _normalise(values, norm_adv, ddof, eps)):
+        for (i, t), a in zip(members, group_normalise(values, norm_adv, ddof, eps)):
             adv[i][t] = a
     return adv
 

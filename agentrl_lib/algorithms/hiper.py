@@ -226,7 +226,7 @@ def hiagent_advantages(episodes, segments, foresight: float = 1.0, gamma: float 
 
     Segment k of episode i is scored  y_{i,k} = R(tau_i) + foresight * c_{i,k},  R the episode's
     discounted return (``gamma``; 1: the outcome), c the segment's completion (``segment_success``).
-    Scores are normalised (``credit._normalise``: ddof, eps, zero for a group of one or all-equal
+    Scores are normalised (``credit.group_normalise``: ddof, eps, zero for a group of one or all-equal
     scores) among the segments of one group that start from the same state key (``key(ep, t)``,
     default ``ep.state_keys[t]``), and each segment's advantage is copied to its turns.
     With foresight = 0 and one segment per episode this is ``credit.grpo_broadcast``.
@@ -242,6 +242,6 @@ def hiagent_advantages(episodes, segments, foresight: float = 1.0, gamma: float 
     seg_adv = [np.zeros(len(d)) for d in done]
     for members in groups.values():
         y = np.array([rets[i] + foresight * done[i][k] for i, k in members])
-        for (i, k), a in zip(members, credit._normalise(y, norm_adv, ddof, eps)):
+        for (i, k), a in zip(members, credit.group_normalise(y, norm_adv, ddof, eps)):
             seg_adv[i][k] = a
     return [sa[seg] if len(seg) else np.zeros(0) for sa, seg in zip(seg_adv, segs)]

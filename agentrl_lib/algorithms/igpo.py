@@ -73,7 +73,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import _normalise
+from agentrl_lib.algorithms.credit import group_normalise
 
 LAST_TURN = ("outcome", "sum")
 HEADS = ("policy", "posterior")
@@ -139,7 +139,7 @@ def igpo_advantages(episodes, p_gold, gamma: float = 0.95, norm_adv: bool = True
                     eps: float = 1e-4, ig_weight: float = 1.0,
                     last_turn: str = "outcome") -> list[np.ndarray]:
     """IGPO's turn advantages, (T_i,) per episode: the turn rewards of ``igpo_turn_rewards``,
-    normalised jointly over all turns of the group's episodes (``credit._normalise``: zeros for a
+    normalised jointly over all turns of the group's episodes (``credit.group_normalise``: zeros for a
     group with a single turn reward or all-equal ones), then summed to go with ``gamma``:
     A_t = sum_{k>=t} gamma^(k-t) r~_k.
 
@@ -149,7 +149,7 @@ def igpo_advantages(episodes, p_gold, gamma: float = 0.95, norm_adv: bool = True
     normed = [np.zeros(len(r)) for r in rewards]
     for idx in _groups(episodes).values():
         flat = np.concatenate([rewards[i] for i in idx]) if idx else np.zeros(0)
-        z = _normalise(flat, norm_adv, ddof, eps)
+        z = group_normalise(flat, norm_adv, ddof, eps)
         start = 0
         for i in idx:
             normed[i] = z[start:start + len(rewards[i])]
@@ -339,11 +339,11 @@ def infopo_advantages(episodes, info, gamma: float = 0.95, lam: float = 1.0,
     out = [np.zeros(len(ep)) for ep in episodes]
     for idx in _groups(episodes).values():
         R = np.array([episodes[i].ret for i in idx])
-        a_out = _normalise(R, norm_adv, ddof, eps)
+        a_out = group_normalise(R, norm_adv, ddof, eps)
         std = R.std(ddof=ddof) if len(R) > ddof else 0.0
         g = max(0.0, 1.0 - std / gate_scale)
         flat = np.concatenate([info[i] for i in idx])
-        z = _normalise(flat, norm_adv, ddof, eps)
+        z = group_normalise(flat, norm_adv, ddof, eps)
         start = 0
         for i, a in zip(idx, a_out):
             T = len(info[i])
@@ -369,7 +369,7 @@ def egrpo_advantages(episodes, found, alpha: float = 0.5, norm_adv: bool = True,
     R = egrpo_rewards(episodes, found, alpha)
     adv = np.zeros(len(episodes))
     for idx in _groups(episodes).values():
-        adv[idx] = _normalise(R[idx], norm_adv, ddof, eps)
+        adv[idx] = group_normalise(R[idx], norm_adv, ddof, eps)
     return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
 
 

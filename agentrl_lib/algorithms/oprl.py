@@ -175,7 +175,7 @@ def step_level_advantages(episodes, step_rewards, gamma: float = 0.0, norm_adv: 
     out = [np.zeros(len(ep)) for ep in episodes]
     for members in groups.values():
         flat = np.concatenate([values[i] for i in members]) if members else np.zeros(0)
-        norm = credit._normalise(flat, norm_adv, ddof, eps)
+        norm = credit.group_normalise(flat, norm_adv, ddof, eps)
         for i, part in zip(members, np.split(norm, np.cumsum([len(values[i]) for i in members])[:-1])):
             out[i] = part
     return out
