@@ -41,6 +41,29 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
+def check_schedule(schedule, name: str = "horizon_schedule") -> None:
+    """A piecewise-constant schedule ((0, v0), (i1, v1), ...): strictly ascending start iterations
+    from 0 and values >= 1 (turn caps), else a ValueError naming ``name``."""
+    starts = [int(s) for s, _ in schedule]
+    if not starts or starts[0] != 0 or starts != sorted(set(starts)):
+        raise ValueError(f"{name} must be ((0, H0), (i1, H1), ...) with strictly ascending "
+                         f"iterations starting at 0, got {schedule!r}")
+    if any(int(v) < 1 for _, v in schedule):
+        raise ValueError(f"{name} turn caps must be >= 1, got {schedule!r}")
+
+
+def scheduled(schedule, it: int, default):
+    """The value of a ``check_schedule`` schedule at iteration ``it`` (0-based); ``default`` when
+    there is no schedule.
+
+    >>> scheduled(((0, 5), (10, 20)), 9, None), scheduled(((0, 5), (10, 20)), 10, None)
+    (5, 20)
+    """
+    if schedule is None:
+        return default
+    return int([v for s, v in schedule if int(s) <= it][-1])
+
+
 def optimizer_step(optimizer, loss, max_grad_norm: float | None = None, clip_groups=None) -> None:
     """One gradient step: zero the gradients, backpropagate ``loss``, clip the gradient norm to
     ``max_grad_norm`` (None: no clipping), step. The norm is taken over all of the optimizer's

@@ -40,6 +40,7 @@ import torch
 from agentrl_lib.algorithms import credit
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
+from agentrl_lib.utils import check_schedule, scheduled
 
 ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae", "salt", "hgpo", "empg", "hiper")
 CRITIC_ESTIMATORS = ("turn_gae", "hiper")  # the loop fits its tabular critic for these
@@ -94,18 +95,11 @@ class AgentPGConfig:
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.horizon_schedule is not None:
-            starts = [int(s) for s, _ in self.horizon_schedule]
-            if not starts or starts[0] != 0 or starts != sorted(set(starts)):
-                raise ValueError("horizon_schedule must be ((0, H0), (i1, H1), ...) with strictly "
-                                 f"ascending iterations starting at 0, got {self.horizon_schedule!r}")
-            if any(int(h) < 1 for _, h in self.horizon_schedule):
-                raise ValueError(f"horizon_schedule turn caps must be >= 1, got {self.horizon_schedule!r}")
+            check_schedule(self.horizon_schedule)
 
     def max_turns_at(self, it: int) -> int | None:
         """The turn cap of iteration ``it`` (0-based): the schedule's, else ``max_turns``."""
-        if self.horizon_schedule is None:
-            return self.max_turns
-        return int([h for s, h in self.horizon_schedule if int(s) <= it][-1])
+        return scheduled(self.horizon_schedule, it, self.max_turns)
 
 
 def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None,

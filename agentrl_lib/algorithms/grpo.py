@@ -81,6 +81,7 @@ from agentrl_lib import core
 from agentrl_lib.algorithms import credit
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
+from agentrl_lib.utils import check_schedule, scheduled
 
 Tensor = torch.Tensor
 TURN_ESTIMATORS = ("grpo", "gigpo", "salt", "hgpo")
@@ -170,12 +171,7 @@ class GRPOConfig:
         if self.clip_eps_high is not None and not self.clip_eps_high > 0:
             raise ValueError(f"clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
         if self.horizon_schedule is not None:
-            starts = [int(s) for s, _ in self.horizon_schedule]
-            if not starts or starts[0] != 0 or starts != sorted(set(starts)):
-                raise ValueError("horizon_schedule must be ((0, H0), (i1, H1), ...) with strictly "
-                                 f"ascending iterations starting at 0, got {self.horizon_schedule!r}")
-            if any(int(h) < 1 for _, h in self.horizon_schedule):
-                raise ValueError(f"horizon_schedule turn caps must be >= 1, got {self.horizon_schedule!r}")
+            check_schedule(self.horizon_schedule)
         knobs = core.ESTIMATORS.get(self.estimator, {})
         if self.group_size < 2 and (self.estimator in TURN_ESTIMATORS or "group" in knobs.values()):
             raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
@@ -204,9 +200,7 @@ MATRIX_FIELDS = ("estimator", "is_level", "clip", "clip_eps", "clip_eps_high", "
 
 def max_turns_at(cfg: GRPOConfig, it: int) -> int:
     """The turn cap of sampling round ``it`` (0-based): the schedule's, else ``cfg.max_turns``."""
-    if cfg.horizon_schedule is None:
-        return cfg.max_turns
-    return int([h for s, h in cfg.horizon_schedule if int(s) <= it][-1])
+    return scheduled(cfg.horizon_schedule, it, cfg.max_turns)
 
 
 def preset(name: str, **overrides) -> GRPOConfig:
