@@ -1,5 +1,6 @@
 """Environments: tabular MDPs with known P and R, the token tree, text tasks, and multi-turn text
-environments (the text gridworld, twenty questions, a shop), each with an exact tabular form.
+environments (the text gridworld, twenty questions, a shop, each with an exact tabular form; the
+knowledge-graph search environment with a full-text index).
 The exact solvers that read P and R are in ``agentrl_lib.algorithms.dp``."""
 
 from agentrl_lib.envs.tabular import (  # noqa: F401
@@ -9,9 +10,10 @@ from agentrl_lib.envs.token_tree import TokenTreeMDP  # noqa: F401
 from agentrl_lib.envs.multiturn import GridAgentEnv, SubtaskGridEnv, parse_action  # noqa: F401
 from agentrl_lib.envs.shop import ShopEnv  # noqa: F401
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv  # noqa: F401
+from agentrl_lib.envs.kg_search import KGSearchEnv  # noqa: F401
 
 AGENT_ENVS = {"grid": GridAgentEnv, "subtask_grid": SubtaskGridEnv,
-              "twenty_questions": TwentyQuestionsEnv, "shop": ShopEnv}
+              "twenty_questions": TwentyQuestionsEnv, "shop": ShopEnv, "kg_search": KGSearchEnv}
 """the multi-turn text environments by name (agent SFT bases, sweeps)"""
 
 
