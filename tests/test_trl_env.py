@@ -110,3 +110,64 @@ def test_grpo_trainer_runs_through_environment_factory():
     rows = [r for r in trainer.state.log_history if "reward" in r]
     assert len(rows) == 2 and all("rewards/GridToolEnv/mean" in r for r in rows)
     assert set(seeds_seen) <= {11, 12, 13} and len(seeds_seen) == 4  # 2 steps x 2 rollouts
+
+
+def make_kg_env():
+    from agentrl_lib.envs.kg_search import KGSearchEnv
+    return KGSearchEnv(num_entities=60, hops=(1,), max_turns=4)
+
+
+def test_kg_tool_object_routes_each_tool_to_one_env_step():
+    """KGToolEnv: each tool call is one step of the call's text on KGSearchEnv (the scripted
+    searcher through the tools gets the same observations and reward as on the environment), a
+    malformed argument goes through the env's error path, and the public methods are the tools."""
+    import inspect
+
+    env = tool_env.environment_factory(make_kg_env, tool_env.KGToolEnv)()
+    ref = make_kg_env()
+    assert env.reset(seed=5, prompt=[{"role": "user", "content": "x"}]) == "\n" + ref.reset(seed=5)
+    assert env.open("d999999").startswith("Error: no document") and ref.step("open(d999999)")
+    while True:
+        call = ref.expert_actions()[0]
+        tool, arg = call[:call.index("(")], call[call.index("(") + 1:-1]
+        o_ref, r, done, _ = ref.step(call)
+        assert getattr(env, tool)(arg) == o_ref
+        if done:
+            break
+    assert tool == "answer" and env.get_reward() == 1.0 and env.turns == 4
+    assert env.search("anything") == "The episode is over."
+    public = [n for n, _ in inspect.getmembers(tool_env.KGToolEnv, inspect.isfunction)
+              if not n.startswith("_") and n not in ("reset", "get_reward")]
+    assert sorted(public) == ["answer", "open", "search"]
+
+
+def test_grpo_trainer_runs_on_the_search_environment():
+    """Two real TRL optimizer steps through environment_factory on KGSearchEnv: the three tools
+    reach TRL's tool schema, TRL resets our environment with each row's seed, and the reward of
+    KGToolEnv is logged under its class name."""
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    model, tok = new_model("tiny-64", seed=0)
+    ttok = trl_adapter.tool_tokenizer(tok)
+    seeds_seen = []
+    orig_reset = tool_env.KGToolEnv.reset
+
+    def spy_reset(self, seed=None, **kw):
+        seeds_seen.append(seed)
+        return orig_reset(self, seed=seed, **kw)
+
+    tool_env.KGToolEnv.reset = spy_reset
+    try:
+        cfg = GRPOConfig(num_prompts=1, group_size=2, num_iters=2, lr=1e-3, max_new_tokens=8,
+                         max_turns=2)
+        trainer = trl_adapter.make_env_trainer(model, ttok, make_kg_env, [21, 22, 23], cfg,
+                                               tempfile.mkdtemp(), max_completion_length=24,
+                                               instruction=tool_env.KG_INSTRUCTION,
+                                               wrapper=tool_env.KGToolEnv)
+        trainer.train()
+    finally:
+        tool_env.KGToolEnv.reset = orig_reset
+    assert trainer.state.global_step == 2
+    assert sorted(t.__name__ for t in trainer.tools) == ["answer", "open", "search"]
+    rows = [r for r in trainer.state.log_history if "reward" in r]
+    assert len(rows) == 2 and all("rewards/KGToolEnv/mean" in r for r in rows)
+    assert set(seeds_seen) <= {21, 22, 23} and len(seeds_seen) == 4  # 2 steps x 2 rollouts

@@ -279,13 +279,14 @@ def tool_sft(model, tokenizer, make_env, seeds: list[int], epsilon: float = 0.3,
 
 def make_env_trainer(model, tokenizer, make_env, train_seeds: list[int], cfg: GRPOConfig,
                      output_dir: str, max_completion_length: int = 512, device: str | None = None,
-                     callbacks=None, instruction: str = INSTRUCTION, **overrides):
+                     callbacks=None, instruction: str = INSTRUCTION, wrapper=None, **overrides):
     """A ``trl.GRPOTrainer`` on the multi-turn environment: our ``GRPOConfig`` mapped by
     ``to_trl_config`` (one optimizer step per round of ``num_prompts x group_size`` rollouts),
     ``max_tool_calling_iterations = cfg.max_turns - 1`` (the first move comes with the first
     generation), and ``max_completion_length`` for the whole exchange. ``tokenizer`` must carry a
     tool-calling template (``tool_tokenizer``). On the model's device unless ``device`` says
-    otherwise. Returns the trainer."""
+    otherwise. ``wrapper``: the tool object around each environment (``tool_env.GridToolEnv``, the
+    default, or ``tool_env.KGToolEnv``). Returns the trainer."""
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
@@ -295,7 +296,8 @@ def make_env_trainer(model, tokenizer, make_env, train_seeds: list[int], cfg: GR
     args = to_trl_config(cfg, output_dir, device=_device_of(model, device), **kw)
     trainer = GRPOTrainer(model=model, reward_funcs=None, args=args,
                           train_dataset=to_env_dataset(train_seeds, instruction),
-                          processing_class=tokenizer, environment_factory=environment_factory(make_env),
+                          processing_class=tokenizer,
+                          environment_factory=environment_factory(make_env, wrapper or GridToolEnv),
                           callbacks=list(callbacks or []))
     trainer.remove_callback(PrinterCallback)
     return trainer

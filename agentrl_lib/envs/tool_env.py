@@ -10,6 +10,10 @@ instance as a tool (schema from type hints and the Google-style docstring) and c
 A move after the episode ended, or an unknown direction, returns the environment's text (the
 error path: ``GridAgentEnv`` never raises on a malformed action).
 
+``KGToolEnv`` does the same for ``KGSearchEnv`` (the search papers' environment) with three tools,
+``search(query)``, ``open(doc)`` and ``answer(name)``, each one ``env.step`` of the call's text, so
+a malformed argument goes through the environment's error path and is counted there.
+
 ``tool_conversation`` renders a scripted episode as the messages of such a rollout (assistant tool
 calls and ``tool`` results), for a warm-start that teaches the tool-call format.
 ``algorithms/trl_adapter.py`` holds the TRL side: the chat template, the data set, the trainer.
@@ -18,6 +22,8 @@ calls and ``tool`` results), for a warm-start that teaches the tool-call format.
 from __future__ import annotations
 
 INSTRUCTION = "Reach the goal in the grid. Call the move tool once per turn."
+KG_INSTRUCTION = ("Answer the question. Call one tool per turn: search for documents, open one, "
+                  "then answer with a name.")
 
 
 class GridToolEnv:
@@ -60,9 +66,75 @@ class GridToolEnv:
         return self._return
 
 
-def environment_factory(make_env):
-    """The zero-argument factory TRL calls once per rollout."""
-    return lambda: GridToolEnv(make_env())
+class KGToolEnv:
+    """One rollout of ``KGSearchEnv`` for TRL: ``reset``, the tools ``search``, ``open`` and
+    ``answer``, and ``get_reward``. Build through ``environment_factory(make_env, KGToolEnv)``."""
+
+    def __init__(self, env):
+        self._env = env
+        self._done = False
+        self._return = 0.0
+        self.turns = 0
+        self.num_calls = 0
+
+    def reset(self, seed: int | None = None, **kwargs) -> str:
+        """TRL calls this with the data set row; the question is appended to the user message."""
+        obs = self._env.reset(seed=None if seed is None else int(seed))
+        self._done, self._return, self.turns = False, 0.0, 0
+        return "\n" + obs
+
+    def _call(self, text: str) -> str:
+        self.num_calls += 1
+        if self._done:
+            return "The episode is over."
+        obs, r, done, info = self._env.step(text)
+        self.turns += 1
+        self._return += float(r)
+        self._done = bool(done)
+        return obs
+
+    def search(self, query: str) -> str:
+        """Search the document collection.
+
+        Args:
+            query: The words to search for, e.g. a name.
+
+        Returns:
+            The ids and titles of the best matching documents.
+        """
+        return self._call(f"search({query})")
+
+    def open(self, doc: str) -> str:
+        """Read one document.
+
+        Args:
+            doc: A document id from the search results, e.g. d12.
+
+        Returns:
+            The document's text.
+        """
+        return self._call(f"open({doc})")
+
+    def answer(self, name: str) -> str:
+        """Give the final answer; this ends the episode.
+
+        Args:
+            name: The answer, a person's name.
+
+        Returns:
+            Whether the answer is correct.
+        """
+        return self._call(f"answer({name})")
+
+    def get_reward(self) -> float:
+        """The episode's return: ``answer_reward`` for a correct answer, minus invalid-call penalties."""
+        return self._return
+
+
+def environment_factory(make_env, wrapper=GridToolEnv):
+    """The zero-argument factory TRL calls once per rollout: ``wrapper(make_env())``
+    (``GridToolEnv`` for the gridworld, ``KGToolEnv`` for the search environment)."""
+    return lambda: wrapper(make_env())
 
 
 def tool_conversation(env, seed: int, actions: list[str], instruction: str = INSTRUCTION):
