@@ -26,9 +26,11 @@ KG_INSTRUCTION = ("Answer the question. Call one tool per turn: search for docum
                   "then answer with a name.")
 
 
-class GridToolEnv:
-    """One rollout's environment: ``reset``, the tool ``move`` and ``get_reward``. Build through
-    ``environment_factory(make_env)``."""
+class _EpisodeTools:
+    """What every tool object shares: ``reset`` (TRL calls it with the data set row), one
+    ``env.step`` per tool call (``_step``; after the end, "The episode is over."), and
+    ``get_reward``, the episode's return sum_t r_t (what ``grpo.train`` trains on multi-turn).
+    The subclasses' public methods are the tools."""
 
     def __init__(self, env):
         self._env = env
@@ -43,6 +45,24 @@ class GridToolEnv:
         self._done, self._return, self.turns = False, 0.0, 0
         return "\n" + obs
 
+    def _step(self, text: str) -> str:
+        self.num_calls += 1
+        if self._done:
+            return "The episode is over."
+        obs, r, done, info = self._env.step(text)
+        self.turns += 1
+        self._return += float(r)
+        self._done = bool(done)
+        return obs
+
+    def get_reward(self) -> float:
+        """The episode's return sum_t r_t."""
+        return self._return
+
+
+class GridToolEnv(_EpisodeTools):
+    """One rollout of the gridworld: the tool ``move``. Build through ``environment_factory(make_env)``."""
+
     def move(self, direction: str) -> str:
         """Move one cell in the grid.
 
@@ -52,46 +72,13 @@ class GridToolEnv:
         Returns:
             What the agent sees after the move.
         """
-        self.num_calls += 1
-        if self._done:
-            return "The episode is over."
-        obs, r, done, info = self._env.step(str(direction))
-        self.turns += 1
-        self._return += float(r)
-        self._done = bool(done)
-        return obs
-
-    def get_reward(self) -> float:
-        """The episode's return sum_t r_t (1 for reaching the goal in GridAgentEnv's default)."""
-        return self._return
+        return self._step(str(direction))
 
 
-class KGToolEnv:
-    """One rollout of ``KGSearchEnv`` for TRL: ``reset``, the tools ``search``, ``open`` and
-    ``answer``, and ``get_reward``. Build through ``environment_factory(make_env, KGToolEnv)``."""
-
-    def __init__(self, env):
-        self._env = env
-        self._done = False
-        self._return = 0.0
-        self.turns = 0
-        self.num_calls = 0
-
-    def reset(self, seed: int | None = None, **kwargs) -> str:
-        """TRL calls this with the data set row; the question is appended to the user message."""
-        obs = self._env.reset(seed=None if seed is None else int(seed))
-        self._done, self._return, self.turns = False, 0.0, 0
-        return "\n" + obs
-
-    def _call(self, text: str) -> str:
-        self.num_calls += 1
-        if self._done:
-            return "The episode is over."
-        obs, r, done, info = self._env.step(text)
-        self.turns += 1
-        self._return += float(r)
-        self._done = bool(done)
-        return obs
+class KGToolEnv(_EpisodeTools):
+    """One rollout of ``KGSearchEnv``: the tools ``search``, ``open`` and ``answer``, each one step of
+    the call's text (its reward: ``answer_reward`` for a correct answer, minus invalid-call
+    penalties). Build through ``environment_factory(make_env, KGToolEnv)``."""
 
     def search(self, query: str) -> str:
         """Search the document collection.
@@ -102,7 +89,7 @@ class KGToolEnv:
         Returns:
             The ids and titles of the best matching documents.
         """
-        return self._call(f"search({query})")
+        return self._step(f"search({query})")
 
     def open(self, doc: str) -> str:
         """Read one document.
@@ -113,7 +100,7 @@ class KGToolEnv:
         Returns:
             The document's text.
         """
-        return self._call(f"open({doc})")
+        return self._step(f"open({doc})")
 
     def answer(self, name: str) -> str:
         """Give the final answer; this ends the episode.
@@ -124,11 +111,7 @@ class KGToolEnv:
         Returns:
             Whether the answer is correct.
         """
-        return self._call(f"answer({name})")
-
-    def get_reward(self) -> float:
-        """The episode's return: ``answer_reward`` for a correct answer, minus invalid-call penalties."""
-        return self._return
+        return self._step(f"answer({name})")
 
 
 def environment_factory(make_env, wrapper=GridToolEnv):
