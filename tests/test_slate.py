@@ -1,0 +1,177 @@
+"""SLATE: the oracle step quality, the judge's exact expected reward, sibling and full-trajectory
+advantages (hand-computed), prefix restoring, the truncated sampler and the variance probe on a
+toy menu environment, and the SLATE training loop."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl_lib.algorithms import slate
+from agentrl_lib.algorithms.agent_pg import AgentPGConfig
+from agentrl_lib.models.policies import KeyTablePolicy
+from agentrl_lib.rewards.judges import NoisyJudge
+from agentrl_lib.rollout import Episode, play_episodes
+
+
+class ToyMenu:
+    """A KGMenuEnv stand-in: h hops (1 + seed % 2); key (hops, read, listed); search_next lists the
+    next document, open_top reads it when listed, answer succeeds once every hop is read."""
+
+    actions = ["search_next", "search_other", "open_top", "answer"]
+    max_turns = 6
+
+    def reset(self, seed=None):
+        self.hops, self.read, self.listed, self.turn = 1 + int(seed) % 2, 0, False, 0
+        self.task = {"seed": int(seed)}
+        return "q"
+
+    def state_key(self):
+        return (self.hops, self.read, self.listed)
+
+    def step(self, text):
+        self.turn += 1
+        tool, success, done = text.split("_")[0], False, False
+        if text == "search_next":
+            self.listed = True
+        elif text == "search_other":
+            self.listed = False
+        elif text == "open_top" and self.listed and self.read < self.hops:
+            self.read, self.listed = self.read + 1, False
+        elif text == "answer":
+            success, done = self.read == self.hops, True
+        done = done or self.turn >= self.max_turns
+        info = {"state_key": self.state_key(), "valid": True, "tool": tool, "success": success,
+                "hops": self.hops}
+        return f"o{self.turn}{self.state_key()}", float(success), done, info
+
+    def expert(self):
+        if self.read == self.hops:
+            return 3
+        return 2 if self.listed else 0
+
+
+def expert_act(envs, observations):
+    return [e.expert() for e in envs]
+
+
+def test_step_qualities_by_hand():
+    q = slate.menu_step_quality
+    assert q((1, 0, False), (1, 0, True), {"tool": "search", "valid": True}) == slate.GOOD
+    assert q((1, 0, True), (1, 1, False), {"tool": "open", "valid": True}) == slate.GOOD
+    assert q((1, 0, True), (1, 0, False), {"tool": "search", "valid": True}) == slate.NEUTRAL
+    assert q((1, 1, False), (1, 1, False), {"tool": "answer", "success": True}) == slate.GOOD
+    assert q((1, 0, False), (1, 0, False), {"tool": "answer", "success": False}) == slate.BAD
+    assert q((1, 0, False), (1, 0, False), {"tool": None, "valid": False}) == slate.BAD
+    k = slate.kg_step_quality
+    info = {"tool": "search", "valid": True, "gold_docs": [4, 9]}
+    assert k((0, (4,)), (0, (4,)), info, "Results: [d9] X") == slate.GOOD  # next unread gold is d9
+    assert k((0, (4,)), (0, (4,)), info, "Results: [d4] X") == slate.NEUTRAL  # already read
+    assert k((0, ()), (0, (4,)), {"tool": "open", "valid": True}, "") == slate.GOOD
+    assert k((0, ()), (0, ()), {"tool": "open", "valid": True}, "") == slate.NEUTRAL
+
+
+def test_expected_step_reward_exact_and_against_monte_carlo():
+    # no noise: r = 2 (c q + (1 - c)/2) - 1 = c (2q - 1): c = 0.6 gives (0.6, 0, -0.6)
+    j0 = NoisyJudge(compression=0.6)
+    assert np.allclose(slate.expected_step_reward([1.0, 0.5, 0.0], j0), [0.6, 0.0, -0.6])
+    j = NoisyJudge.at_noise(0.2)
+    rng = np.random.default_rng(0)
+    for q in (0.0, 0.5, 1.0):
+        mc = slate.judge_step_rewards(np.full(200_000, q), j, rng).mean()
+        assert abs(mc - slate.expected_step_reward(q, j)) < 0.005
+    # symmetric judge: E[r | 1/2] = 0 and E[r | 1 - q] = -E[r | q]
+    e = slate.expected_step_reward([0.0, 0.5, 1.0], j)
+    assert abs(e[1]) < 1e-12 and np.isclose(e[0], -e[2]) and 0 < e[2] < 0.6
+
+
+def test_sibling_and_trajectory_advantages_by_hand():
+    a = slate.sibling_advantages([1.0, 0.0, -1.0, 0.5, 0.5], [0, 0, 0, 1, 1])
+    assert np.allclose(a, [1 / (1 + 1e-4), 0.0, -1 / (1 + 1e-4), 0.0, 0.0])  # std(ddof=1) = 1
+    assert np.allclose(slate.sibling_advantages([2.0, 0.0], [0, 0], norm_adv=False), [1.0, -1.0])
+    assert np.allclose(slate.sibling_advantages([3.0], [5]), [0.0])  # a point with one sibling
+    with pytest.raises(ValueError, match="same shape"):
+        slate.sibling_advantages([1.0, 2.0], [0])
+    eps = [Episode.of(["a", "b"], [0, 0], 0), Episode.of(["a"], [0], 0), Episode.of(["c"], [0], 1)]
+    adv = slate.trajectory_advantages(eps, [np.array([1.0, 0.0]), np.array([-1.0]), np.array([0.3])])
+    z = 1 / (math.sqrt(2) + 1e-4)  # R = (1, -1): centred +-1, sample std sqrt(2)
+    assert np.allclose(adv[0], [z, z]) and np.allclose(adv[1], [-z]) and np.allclose(adv[2], [0.0])
+    with pytest.raises(ValueError, match="reward arrays"):
+        slate.trajectory_advantages(eps, [np.zeros(2)])
+
+
+def test_episode_qualities_from_a_recorded_episode():
+    ep = play_episodes(ToyMenu, expert_act, [0], 1)[0]  # 1 hop: search, open, answer
+    assert ep.actions == ["search_next", "open_top", "answer"]
+    assert np.allclose(slate.episode_qualities([ep])[0], [1.0, 1.0, 1.0])
+    bad = play_episodes(ToyMenu, lambda envs, obs: [1] * len(envs), [0], 1)[0]  # cut at 6 turns
+    assert len(bad) == 6 and np.allclose(slate.episode_qualities([bad])[0], [0.5] * 6)
+
+
+def test_restore_replays_the_prefix():
+    env, obs, done = slate.restore(ToyMenu, 1, [0, 2, 0])  # 2 hops: read 1, listed again
+    assert env.state_key() == (2, 1, True) and not done and obs == "o3(2, 1, True)"
+    with pytest.raises(ValueError, match="after the episode ended"):
+        slate.restore(ToyMenu, 0, [3, 0])
+
+
+def test_truncated_rollout_of_the_expert():
+    rng = np.random.default_rng(0)
+    judge = NoisyJudge()  # noiseless: every expert step is GOOD, r = +1
+    b = slate.truncated_rollout(ToyMenu, expert_act, [0, 1], 3, judge, rng)
+    # seed 0: 1 hop, 3 points; seed 1: 2 hops, 5 points; 3 siblings each
+    assert b.chains == [(3, True, 1), (5, True, 2)] and b.num_points == 8
+    assert len(b.siblings) == 24 and np.allclose(b.rewards, 1.0) and np.allclose(b.qualities, 1.0)
+    assert all(len(a) == 1 and a[0] == 0.0 for a in slate.slate_advantages(b))
+    sib = b.siblings[3]  # point 1 of seed 0: after search_next, the expert opens
+    assert sib.group_id == 1 and sib.state_keys == [(1, 0, True)] and sib.action_ids == [2]
+    with pytest.raises(ValueError, match="k must be"):
+        slate.truncated_rollout(ToyMenu, expert_act, [0], 0, judge, rng)
+
+
+def test_exact_step_advantages_and_action_qualities():
+    qa = slate.action_qualities(ToyMenu, 0, [])  # at the start of a 1-hop task
+    assert np.allclose(qa, [1.0, 0.5, 0.5, 0.0])  # open_top with nothing listed makes no progress
+    judge = NoisyJudge()
+    p = np.array([0.5, 0.25, 0.25, 0.0])
+    a = slate.exact_step_advantages(qa, p, judge)  # mu = (1, 0, 0, -1), baseline 0.5
+    assert np.allclose(a, [0.5, -0.5, -0.5, -1.5]) and abs(p @ a) < 1e-12
+
+
+def test_variance_probe_full_trajectory_noisier_than_siblings():
+    uniform = lambda env: np.full(4, 0.25)  # noqa: E731
+    rec = slate.advantage_probe(ToyMenu, uniform, list(range(40)), 4, NoisyJudge.at_noise(0.2),
+                                np.random.default_rng(1))
+    s = slate.probe_summary(rec, "hops")
+    assert set(s) == {1, 2} and all(v["points"] > 0 for v in s.values())
+    for v in s.values():
+        assert v["var_ratio"] > 1.5 and v["mse_ratio"] > 1.5
+    r0 = rec[0]
+    assert r0["trunc"].shape == (4,) and abs(r0["trunc"].sum()) < 1e-12  # mean-centred siblings
+    assert np.isclose(slate.loglog_slope([1, 2, 4], [3, 6, 12]), 1.0)
+    with pytest.raises(ValueError, match="two distinct"):
+        slate.loglog_slope([2, 2], [1, 3])
+
+
+def test_iid_theorem_ratio_is_T():
+    # T i.i.d. steps: Var(R - mean R) / Var(r - mean r) = T (both with the (1 - 1/k) factor)
+    rng = np.random.default_rng(0)
+    k, n = 4, 20000
+    for T in (1, 4):
+        R = rng.normal(size=(n, k, T)).sum(-1)  # (n, k)
+        full = (R - R.mean(1, keepdims=True)).var()
+        r = rng.normal(size=(n, k))
+        trunc = (r - r.mean(1, keepdims=True)).var()
+        assert abs(full / trunc - T) < 0.08 * T and abs(trunc - (1 - 1 / k)) < 0.02
+
+
+def test_train_moves_the_table_toward_the_expert():
+    torch.manual_seed(0)
+    policy = KeyTablePolicy(4, key="state", seed=0)
+    cfg = AgentPGConfig(num_iters=12, num_prompts=4, group_size=4, lr=0.5, eval_every=6)
+    hist = slate.train(ToyMenu, policy, cfg, list(range(10)), NoisyJudge.at_noise(0.1))
+    assert len(hist) == 12 and hist[-1]["rollout/actions"] > hist[0]["rollout/actions"]
+    with torch.no_grad():
+        p = policy.probs([(1, 0, False)])[0]
+    assert p[0] > 0.4  # search_next at the start of a 1-hop task (uniform: 0.25)
