@@ -58,18 +58,22 @@ def expert_act(envs, observations):
 
 def test_step_qualities_by_hand():
     q = slate.menu_step_quality
-    assert q((1, 0, False), (1, 0, True), {"tool": "search", "valid": True}) == slate.GOOD
-    assert q((1, 0, True), (1, 1, False), {"tool": "open", "valid": True}) == slate.GOOD
-    assert q((1, 0, True), (1, 0, False), {"tool": "search", "valid": True}) == slate.NEUTRAL
-    assert q((1, 1, False), (1, 1, False), {"tool": "answer", "success": True}) == slate.GOOD
-    assert q((1, 0, False), (1, 0, False), {"tool": "answer", "success": False}) == slate.BAD
-    assert q((1, 0, False), (1, 0, False), {"tool": None, "valid": False}) == slate.BAD
+    s_ = {"tool": "search", "valid": True}
+    assert q((1, 0, False), "search_next", (1, 0, True), s_) == slate.GOOD
+    assert q((1, 0, True), "open_top", (1, 1, False), {"tool": "open", "valid": True}) == slate.GOOD
+    assert q((1, 0, True), "search_next", (1, 0, True), s_) == slate.NEUTRAL  # found already
+    assert q((1, 0, True), "search_other", (1, 0, False), s_) == slate.BAD  # an off-question query
+    # every hop read: listing the answer entity's document is no progress
+    assert q((1, 1, False), "search_next", (1, 1, True), s_) == slate.NEUTRAL
+    assert q((1, 1, False), "answer", (1, 1, False), {"tool": "answer", "success": True}) == slate.GOOD
+    assert q((1, 0, False), "answer", (1, 0, False), {"tool": "answer", "success": False}) == slate.BAD
+    assert q((1, 0, False), "open_top", (1, 0, False), {"tool": None, "valid": False}) == slate.BAD
     k = slate.kg_step_quality
     info = {"tool": "search", "valid": True, "gold_docs": [4, 9]}
-    assert k((0, (4,)), (0, (4,)), info, "Results: [d9] X") == slate.GOOD  # next unread gold is d9
-    assert k((0, (4,)), (0, (4,)), info, "Results: [d4] X") == slate.NEUTRAL  # already read
-    assert k((0, ()), (0, (4,)), {"tool": "open", "valid": True}, "") == slate.GOOD
-    assert k((0, ()), (0, ()), {"tool": "open", "valid": True}, "") == slate.NEUTRAL
+    assert k((0, (4,)), "search(B)", (0, (4,)), info, "Results: [d9] X") == slate.GOOD  # next: d9
+    assert k((0, (4,)), "search(A)", (0, (4,)), info, "Results: [d4] X") == slate.NEUTRAL  # read
+    assert k((0, ()), "open(d4)", (0, (4,)), {"tool": "open", "valid": True}, "") == slate.GOOD
+    assert k((0, ()), "open(d7)", (0, ()), {"tool": "open", "valid": True}, "") == slate.NEUTRAL
 
 
 def test_expected_step_reward_exact_and_against_monte_carlo():
@@ -106,7 +110,9 @@ def test_episode_qualities_from_a_recorded_episode():
     assert ep.actions == ["search_next", "open_top", "answer"]
     assert np.allclose(slate.episode_qualities([ep])[0], [1.0, 1.0, 1.0])
     bad = play_episodes(ToyMenu, lambda envs, obs: [1] * len(envs), [0], 1)[0]  # cut at 6 turns
-    assert len(bad) == 6 and np.allclose(slate.episode_qualities([bad])[0], [0.5] * 6)
+    assert len(bad) == 6 and np.allclose(slate.episode_qualities([bad])[0], [0.0] * 6)
+    dull = play_episodes(ToyMenu, lambda envs, obs: [2] * len(envs), [0], 1)[0]  # opens nothing
+    assert np.allclose(slate.episode_qualities([dull])[0], [0.5] * 6)
 
 
 def test_restore_replays_the_prefix():
@@ -132,11 +138,11 @@ def test_truncated_rollout_of_the_expert():
 
 def test_exact_step_advantages_and_action_qualities():
     qa = slate.action_qualities(ToyMenu, 0, [])  # at the start of a 1-hop task
-    assert np.allclose(qa, [1.0, 0.5, 0.5, 0.0])  # open_top with nothing listed makes no progress
+    assert np.allclose(qa, [1.0, 0.0, 0.5, 0.0])  # open_top with nothing listed makes no progress
     judge = NoisyJudge()
     p = np.array([0.5, 0.25, 0.25, 0.0])
-    a = slate.exact_step_advantages(qa, p, judge)  # mu = (1, 0, 0, -1), baseline 0.5
-    assert np.allclose(a, [0.5, -0.5, -0.5, -1.5]) and abs(p @ a) < 1e-12
+    a = slate.exact_step_advantages(qa, p, judge)  # mu = (1, -1, 0, -1), baseline 0.25
+    assert np.allclose(a, [0.75, -1.25, -0.25, -1.25]) and abs(p @ a) < 1e-12
 
 
 def test_variance_probe_full_trajectory_noisier_than_siblings():

@@ -35,7 +35,7 @@ true step advantage A*(s, a) = E[r | s, a] - sum_a' pi(a' | s) E[r | s, a'] of e
 a prefix is restored by ``reset(seed)`` and replaying the prefix's actions (``restore``); no
 environment is deep-copied (the index is a shared SQLite handle).
 
-Quality functions: ``quality_fn(key_before, key_after, info, observation) -> q``;
+Quality functions: ``quality_fn(key_before, action, key_after, info, observation) -> q``;
 ``menu_step_quality`` for ``KGMenuEnv`` (state keys (hops, hops read, listed)), and
 ``kg_step_quality`` for the text ``KGSearchEnv`` (state keys (seed, gold documents opened)).
 
@@ -60,35 +60,38 @@ GOOD, NEUTRAL, BAD = 1.0, 0.5, 0.0
 
 
 # --- the oracle step quality ----------------------------------------------------------------------
-def menu_step_quality(key_before, key_after, info: dict, observation: str = "") -> float:
+def menu_step_quality(key_before, action: str, key_after, info: dict,
+                      observation: str = "") -> float:
     """Quality of one ``KGMenuEnv`` step from its state keys (hops, hops read, the last search
-    listed the believed entity's document): GOOD for a correct answer, a new hop read, or a
-    search that newly lists the next document; BAD for a wrong answer or an invalid call;
-    NEUTRAL otherwise.
+    put the believed entity's document first): GOOD for a correct answer, a new hop read, or a
+    search that newly lists the next document to read (while a hop is left); BAD for a wrong
+    answer, an invalid call (``open()`` with no results) or ``search_other`` (a query naming no
+    entity of the question: the judge's "bad query"); NEUTRAL otherwise. Without the BAD query a
+    table learns to farm the judge: search_next (GOOD), search_other (it unlists), search_next ...
 
-    >>> menu_step_quality((2, 0, False), (2, 0, True), {"tool": "search", "valid": True})
+    >>> menu_step_quality((2, 0, False), "search_next", (2, 0, True), {"tool": "search"})
     1.0
-    >>> menu_step_quality((2, 0, True), (2, 0, False), {"tool": "search", "valid": True})
+    >>> menu_step_quality((2, 0, True), "search_next", (2, 0, True), {"tool": "search"})
     0.5
     """
     if info.get("tool") == "answer":
         return GOOD if info.get("success") else BAD
-    if not info.get("valid", True):
+    if not info.get("valid", True) or action == "search_other":
         return BAD
-    _, read0, listed0 = key_before
+    hops, read0, listed0 = key_before
     _, read1, listed1 = key_after
-    if read1 > read0 or (listed1 and not listed0 and read1 == read0):
+    if read1 > read0 or (listed1 and not listed0 and read1 == read0 < hops):
         return GOOD
     return NEUTRAL
 
 
-def kg_step_quality(key_before, key_after, info: dict, observation: str = "") -> float:
+def kg_step_quality(key_before, action: str, key_after, info: dict, observation: str = "") -> float:
     """Quality of one text ``KGSearchEnv`` step (state keys (seed, gold documents opened)): GOOD
     for a correct answer, an open of a new gold document, or a search whose results list the next
     unread gold document; BAD for a wrong answer or an invalid call; NEUTRAL otherwise.
 
     >>> info = {"tool": "search", "valid": True, "gold_docs": [4, 9]}
-    >>> kg_step_quality((0, ()), (0, ()), info, "Results: [d4] Talomir | [d7] Notes on Talomir")
+    >>> kg_step_quality((0, ()), "search(Talomir)", (0, ()), info, "Results: [d4] Talomir | [d7] Notes")
     1.0
     """
     if info.get("tool") == "answer":
@@ -113,7 +116,7 @@ def episode_qualities(episodes, quality_fn=menu_step_quality) -> list[np.ndarray
     for ep in episodes:
         after = list(ep.state_keys[1:]) + [ep.next_state_key]
         obs = list(ep.observations[1:]) + [ep.final_observation]
-        out.append(np.array([quality_fn(ep.state_keys[t], after[t], ep.infos[t], obs[t])
+        out.append(np.array([quality_fn(ep.state_keys[t], ep.actions[t], after[t], ep.infos[t], obs[t])
                              for t in range(len(ep))], dtype=float))
     return out
 
@@ -228,7 +231,7 @@ def truncated_rollout(make_env, act, seeds, k: int, judge: NoisyJudge, rng: np.r
             for e, o, key, a in zip(envs, obs, keys, acts):
                 text = e.actions[int(a)] if isinstance(a, (int, np.integer)) else a
                 o2, _, done, info = e.step(text)
-                q = quality_fn(key, info["state_key"], info, o2)
+                q = quality_fn(key, text, info["state_key"], info, o2)
                 rewards.append(float(judge_step_rewards(q, judge, rng)))
                 qualities.append(q)
                 batch.siblings.append(Episode(
@@ -266,7 +269,7 @@ def action_qualities(make_env, seed: int, prefix, quality_fn=menu_step_quality) 
         e, _, _ = restore(make_env, seed, prefix)
         key = e.state_key()
         o2, _, _, info = e.step(e.actions[a])
-        out.append(quality_fn(key, info["state_key"], info, o2))
+        out.append(quality_fn(key, e.actions[a], info["state_key"], info, o2))
     return np.array(out)
 
 
@@ -301,7 +304,7 @@ def advantage_probe(make_env, probs_fn, seeds, k: int, judge: NoisyJudge,
                 a = int(rng.choice(len(p), p=p / p.sum()))
                 key = env.state_key()
                 obs, _, done, info = env.step(env.actions[a])
-                quals.append(quality_fn(key, info["state_key"], info, obs))
+                quals.append(quality_fn(key, env.actions[a], info["state_key"], info, obs))
                 actions.append(a)
                 probs.append(p)
                 hops = info.get("hops", hops)
