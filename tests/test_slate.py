@@ -181,3 +181,36 @@ def test_train_moves_the_table_toward_the_expert():
     with torch.no_grad():
         p = policy.probs([(1, 0, False)])[0]
     assert p[0] > 0.4  # search_next at the start of a 1-hop task (uniform: 0.25)
+
+
+def test_lm_truncated_sampler_on_an_untrained_tiny_lm():
+    from agentrl_lib.algorithms.grpo import GRPOConfig, advantages
+    from agentrl_lib.envs.kg_search import KGSearchEnv
+    from agentrl_lib.models.tiny_lm import new_model
+    model, tok = new_model("tiny-64", seed=0)
+    game = dict(num_entities=30, num_relations=2, hops=(1,), name_syllables=2, top_k=2,
+                max_doc_chars=60, max_turns=3)
+    make_env = lambda: KGSearchEnv(**game)  # noqa: E731
+    cfg = GRPOConfig(num_prompts=2, group_size=3, max_turns=3, max_new_tokens=6, seed=0)
+    batch = slate.lm_truncated_sampler(tok, make_env, list(range(20)), cfg, NoisyJudge.at_noise(0.2))(model)
+    sib = batch.episodes
+    points = batch.metrics["rollout/points"]
+    assert len(sib) == 3 * points and batch.rewards.shape == (len(sib),)
+    for ep in sib:  # one trained turn each, after the prefix's tokens (loss mask 0)
+        (s, e), = ep.turn_spans
+        assert len(ep.actions) == 1 and sum(ep.loss_mask[:s]) == 0 and all(ep.loss_mask[s:e])
+        # a call cut by max_new_tokens is closed by a template eos outside the span (mask 0)
+        assert ep.token_ids[e:] in ([], [tok.eos_token_id]) and sum(ep.loss_mask[e:]) == 0
+        assert ep.infos[0]["quality"] in (slate.GOOD, slate.NEUTRAL, slate.BAD)
+    # the siblings of a point share the prefix; the next point of the same question continues
+    # one of them: its prefix starts with that sibling's whole conversation
+    first = [ep for ep in sib if ep.group_id == 0]
+    assert len({tuple(ep.token_ids[:ep.turn_spans[0][0]]) for ep in first}) == 1
+    later = [ep for ep in sib if ep.group_id == 1]
+    if later[0].task["seed"] == first[0].task["seed"]:
+        assert any(later[0].token_ids[:len(ep.token_ids)] == ep.token_ids for ep in first)
+    adv = slate.lm_sibling_advantages(sib)
+    r = np.array([ep.infos[0]["judge_reward"] for ep in sib])
+    assert np.allclose(np.concatenate(adv), slate.sibling_advantages(r, [ep.group_id for ep in sib]))
+    out = advantages(batch, cfg, credit_fn=slate.lm_sibling_advantages)  # the LM loop's step
+    assert out.advantages.shape == batch.seqs.completion_ids.shape

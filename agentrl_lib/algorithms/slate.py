@@ -385,3 +385,99 @@ def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu
         if log is not None:
             log.log(**row)
     return history
+
+
+# --- the LM rung: truncated sampling through the LM ----------------------------------------------
+def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudge,
+                         quality_fn=kg_step_quality, system_prompt: str | None = None):
+    """``sample(model) -> grpo.Batch`` for ``grpo.train``: SLATE's sampler with the LM as the
+    policy. Per question (``cfg.num_prompts`` seeds drawn as ``grpo.episode_sampler`` draws them,
+    so every arm sees the same questions): at each decision point ``cfg.group_size`` siblings, each
+    an environment restored at the prefix (``restore``) and a record holding the prefix's tokens
+    (``rollout.text_episodes_to_tokens``: the conversation exactly as ``lm_rollout`` lays it out,
+    loss mask 0), one LM turn generated for all of them from the whole conversation
+    (``rollout._play`` with one turn, no cache reuse); each call judged, one sibling drawn
+    uniformly extends the prefix. The rows of the batch are the siblings (one trained turn each);
+    the judged reward is in ``infos[0]["judge_reward"]`` for ``lm_sibling_advantages``."""
+    import random
+
+    import torch
+
+    from agentrl_lib.algorithms.grpo import Batch
+    from agentrl_lib.rollout import (_play, _system_prompt, model_device, observation_text,
+                                     pad_episodes, text_episodes_to_tokens, token_generator,
+                                     token_ids)
+
+    if len(train_seeds) < cfg.num_prompts:
+        raise ValueError(f"num_prompts={cfg.num_prompts} is more than the {len(train_seeds)} "
+                         "training task seeds")
+    rng, judge_rng, made = random.Random(cfg.seed), np.random.default_rng([cfg.seed, 7]), []
+
+    def sample(model) -> Batch:
+        if not made:
+            made.append(token_generator(model, cfg.seed))
+        model.eval()
+        sys_prompt = _system_prompt(make_env(), system_prompt)
+        siblings, rewards, chains, point = [], [], [], 0
+        for seed in rng.sample(list(train_seeds), cfg.num_prompts):
+            actions, observations, success = [], None, False
+            for t in range(cfg.max_turns):
+                envs, records = [], []
+                for _ in range(cfg.group_size):
+                    env, obs, _ = restore(make_env, seed, actions)
+                    if observations is None:
+                        observations = [obs]
+                    prefix = Episode(list(observations), list(actions), [0.0] * len(actions),
+                                     [None] * len(actions), [True] * len(actions),
+                                     [{}] * len(actions))
+                    text_episodes_to_tokens(tokenizer, [prefix], sys_prompt)
+                    if t > 0:
+                        seg = token_ids(tokenizer, observation_text(tokenizer, obs, sys_prompt))
+                        prefix.token_ids += seg
+                        prefix.loss_mask += [0] * len(seg)
+                        prefix.logps += [0.0] * len(seg)
+                    records.append(Episode(
+                        [observations[0]], [], [], [env.state_key()], [], [], group_id=point,
+                        task=getattr(env, "task", None), prompt_ids=prefix.prompt_ids,
+                        token_ids=prefix.token_ids, loss_mask=[0] * len(prefix.token_ids),
+                        logps=[0.0] * len(prefix.token_ids), turn_spans=[]))
+                    envs.append(env)
+                with torch.no_grad():
+                    _play(model, tokenizer, envs, records, 1, cfg.max_new_tokens,
+                          cfg.temperature, False, made[0], sys_prompt, reuse_cache=False,
+                          max_context=cfg.max_context)
+                for rec in records:
+                    q = quality_fn(rec.state_keys[0], rec.actions[0], rec.next_state_key,
+                                   rec.infos[0], rec.final_observation)
+                    r = float(judge_step_rewards(q, judge, judge_rng))
+                    rec.infos = [{**rec.infos[0], "judge_reward": r, "quality": q}]
+                    rewards.append(r)
+                siblings += records
+                j = rng.randrange(cfg.group_size)
+                chosen, point = records[j], point + 1
+                actions.append(chosen.actions[0])
+                ended = not chosen.truncated or getattr(chosen, "context_full", False)
+                if ended:
+                    success = chosen.success
+                    break
+                observations.append(chosen.final_observation)
+            chains.append((len(actions), success))
+        device = model_device(model)
+        seqs = pad_episodes(siblings, tokenizer.pad_token_id, device)
+        metrics = {"rollout/success": float(np.mean([c[1] for c in chains])),
+                   "rollout/turns": float(np.mean([c[0] for c in chains])),
+                   "rollout/judge_reward": float(np.mean(rewards)),
+                   "rollout/invalid": float(np.mean([not s.valid[0] for s in siblings])),
+                   "rollout/points": point, "rollout/actions": len(siblings)}
+        return Batch(seqs, torch.tensor(rewards, dtype=torch.float32, device=device), metrics,
+                     episodes=siblings)
+    return sample
+
+
+def lm_sibling_advantages(episodes, norm_adv: bool = True) -> list[np.ndarray]:
+    """``credit_fn`` of the LM rung's SLATE arm: the siblings' judged rewards (``infos[0]
+    ["judge_reward"]``, set by ``lm_truncated_sampler``) normalised per decision point; one (1,)
+    array per sibling."""
+    r = [ep.infos[0]["judge_reward"] for ep in episodes]
+    adv = sibling_advantages(r, [ep.group_id for ep in episodes], norm_adv)
+    return [np.array([a]) for a in adv]
