@@ -90,3 +90,24 @@ def test_collapse_events_by_hand():
     assert curriculum.collapse_events([0.1, 0.6, 0.3, 0.7, 0.65, 0.45], drop=0.2) == 2
     assert curriculum.collapse_events([0.2, 0.3, 0.4]) == 0
     assert curriculum.collapse_events([]) == 0
+
+
+def test_lm_sampler_plays_the_scheduled_seeds():
+    from agentrl_lib.algorithms.grpo import GRPOConfig
+    from agentrl_lib.models.tiny_lm import new_model
+
+    model, tok = new_model("tiny-64", seed=0)
+    plan = {0: [5, 6], 1: [7, 8]}  # round -> the seeds the schedule asks for
+
+    def seed_fn(it, rng, n):
+        assert n == 2
+        return np.array(plan[it])
+
+    cfg = GRPOConfig(num_prompts=2, group_size=2, max_turns=1, max_new_tokens=3, seed=0)
+    sample = curriculum.lm_episode_sampler(
+        tok, lambda: KGSearchEnv(num_entities=10, hops=(1, 2), max_turns=1), seed_fn, cfg)
+    for it in range(2):
+        batch = sample(model)
+        played = sorted({ep.task["seed"] for ep in batch.episodes})
+        assert played == plan[it] and len(batch.episodes) == 4
+        assert np.isfinite(batch.metrics["rollout/hops"])
