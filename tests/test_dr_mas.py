@@ -29,7 +29,8 @@ def test_normalise_rewards_by_hand():
     np.testing.assert_allclose(glob, np.array([1.25, -0.75, 0.25, -0.75]) / (std + EPS))
     agent = dr_mas.normalise_rewards(r, g, k, "agent")
     a = 1 / (np.sqrt(2) + EPS)  # the searcher's (2, 0): mean 1, std sqrt(2)
-    np.testing.assert_allclose(agent, [a, -a, 0.5 / (np.sqrt(0.5) + EPS), -0.5 / (np.sqrt(0.5) + EPS)])
+    b = 0.5 / (np.sqrt(0.5) + EPS)  # the answerer's (1, 0): mean 0.5, std sqrt(0.5)
+    np.testing.assert_allclose(agent, [a, -a, b, -b])
     # mean-only (Dr. GRPO) centring
     np.testing.assert_allclose(dr_mas.normalise_rewards(r, g, k, "agent", norm_adv=False),
                                [1, -1, 0.5, -0.5])
@@ -139,9 +140,9 @@ def test_env_menu_semantics():
     env.step("search_next")
     _, r, done, info = env.step("open_top")  # third searcher turn: the handoff is forced
     assert info["evidence"] == 1 and r == 1.0 and env.role == "answerer"
-    o, r, done, info = env.step(0)  # a searcher action on the answerer's turn
+    _, r, done, info = env.step(0)  # a searcher action on the answerer's turn
     assert not info["valid"] and not done
-    wrong = [a for a in env.answerer_actions if a != env.expert_actions()[0]][0]
+    wrong = next(a for a in env.answerer_actions if a != env.expert_actions()[0])
     _, r, done, info = env.step(wrong)  # one hop of two read: no answer can be right
     assert done and r == 0.0 and not info["success"]
 

@@ -14,8 +14,8 @@ G that share a task (GRPO's groups). Two ways to turn the rewards into advantage
 
 Why it matters (the paper's argument, written here in the form we check exactly): with population
 statistics, the mean squared advantage agent k receives under the global baseline is
-E_k[A^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 (``global_second_moment``), against 1 under agent-wise
-normalisation. An agent whose rewards sit far from the pooled mean, or whose spread is large or
+E_k[A^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 (``global_second_moment``), against 1 under
+agent-wise normalisation. An agent whose rewards sit far from the pooled mean, or whose spread is large or
 small against the pooled spread, receives advantages, and so policy gradients, of the wrong scale:
 the gradient-norm spikes Dr. MAS removes. The expected policy gradient sum_i A_i grad log pi also
 picks up a term (mu_k - mu)/sigma x sum_i grad log pi(a_i): zero in expectation, not in a sample.
@@ -199,7 +199,7 @@ class DrMASConfig:
 
 
 def agent_loss(policy, episodes, advantages) -> torch.Tensor:
-    """L_k = -mean over agent k's turns of A_t log pi_k(a_t | s_t) (REINFORCE with the advantage)."""
+    """L_k = -mean over agent k's turns of A_t log pi_k(a_t | s_t) (REINFORCE on the advantage)."""
     adv = torch.as_tensor(np.concatenate([np.asarray(a, dtype=np.float64) for a in advantages]
                                          or [np.zeros(0)]), dtype=torch.float64)  # (N,)
     if adv.numel() == 0:
@@ -210,8 +210,9 @@ def agent_loss(policy, episodes, advantages) -> torch.Tensor:
 def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
           log=None) -> list[dict]:
     """Train one policy per role for ``cfg.num_iters`` batches. Per iteration: play groups with
-    ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, and one Adam step per agent
-    on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``, ``rollout/abs_adv_<role>``,
+    ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, one Adam step per
+    agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
+    ``rollout/abs_adv_<role>``, ``rollout/mean_adv_<role>`` (the sign of a misfit baseline),
     ``losses/grad_norm_<role>`` (before the step), ``losses/loss_<role>``, ``eval/*``."""
     roles = tuple(policies)
     probe = make_env()
@@ -240,6 +241,7 @@ def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
             row[f"rollout/reward_{role}"] = float(np.nanmean(R[:, k]))
             flat = np.concatenate(adv_k) if adv_k else np.zeros(0)
             row[f"rollout/abs_adv_{role}"] = float(np.abs(flat).mean()) if flat.size else 0.0
+            row[f"rollout/mean_adv_{role}"] = float(flat.mean()) if flat.size else 0.0
         if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
                                     or it + 1 == cfg.num_iters):
             row.update({f"eval/{k}": v for k, v in eval_fn(policies).items()})

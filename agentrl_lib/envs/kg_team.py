@@ -28,8 +28,8 @@ Protocol: ``reset(seed)``, ``step(action)`` with ``action`` a name in ``actions`
 concatenated) or its index; ``role`` is whose turn it is; ``state_key()`` starts with the role, so
 each agent's policy keys on its own states. ``actions_of(role)`` is that role's menu and
 ``action_offset(role)`` its first index in ``actions``. A call from the wrong role's menu is
-invalid (counted, no state change, zero reward). ``info`` adds ``role`` (who acted), ``agent_reward``
-and ``call`` (the text sent to the inner env; None for a handoff). ``expert_actions()`` is the
+invalid (counted, no state change, zero reward). ``info`` adds ``role`` (who acted),
+``agent_reward`` and ``call`` (the text sent to the inner env; None for a handoff). ``expert_actions()`` is the
 scripted team. Episode success = the answerer was right.
 """
 
@@ -46,7 +46,7 @@ SEARCHER_ACTIONS = ("search_next", "search_other", "open_top", "open_second", "h
 
 
 class KGTeamEnv:
-    """A searcher agent then an answerer agent on one ``KGSearchEnv`` question (module docstring)."""
+    """A searcher agent, then an answerer agent, on one ``KGSearchEnv`` question (see module)."""
 
     roles = ROLES
 
@@ -88,7 +88,7 @@ class KGTeamEnv:
         return None if m is None else m.group(1)
 
     def believed(self) -> str:
-        """The name the searcher believes is next on the chain (the answer once all hops are read)."""
+        """The name the searcher believes is next on the chain (the answer once every hop is read)."""
         return self._belief[-1]
 
     def _name_doc(self, name: str) -> int | None:
@@ -191,7 +191,7 @@ class KGTeamEnv:
         return obs, reward, False, self._info(role, inner, reward, call, valid)
 
     def _advance(self, doc_id: int):
-        """Opening the believed entity's document reads one hop: the belief moves to its stated tail."""
+        """Opening the believed entity's document reads a hop: the belief moves to its stated tail."""
         k = self.hops_read()
         if k >= self.task["hops"] or doc_id != self._name_doc(self.believed()):
             return
