@@ -159,3 +159,23 @@ def test_train_moves_both_policies_and_logs_per_agent_norms():
     assert set(hist[-1]) >= {"eval/avg@2", "eval/pass@2", "losses/grad_norm_answerer"}
     for p in pols.values():
         assert p.logits.abs().sum() > 0
+
+
+def test_split_roles_and_team_act():
+    ep = _team_episode([0, 0, 2.0], 1.0)  # action ids: searcher 0, 0, 0 then answerer 5 (global)
+    ep.action_ids = [1, 2, 4, len(SEARCHER_ACTIONS) + 3]
+    split = dr_mas.split_roles([ep], ("searcher", "answerer"),
+                               {"searcher": 0, "answerer": len(SEARCHER_ACTIONS)})
+    assert split["searcher"][0].action_ids == [1, 2, 4] and split["answerer"][0].action_ids == [3]
+    assert split["searcher"][0].ret == 2.0 and split["answerer"][0].ret == 1.0
+    env = KGTeamEnv(num_entities=40, hops=1)
+    pols = {"searcher": KeyTablePolicy(len(SEARCHER_ACTIONS)),
+            "answerer": KeyTablePolicy(len(env.answerer_actions))}
+    with torch.no_grad():  # make each table deterministic: searcher 'handoff', answerer answer #2
+        pols["searcher"].logits[:, 4] = 50.0
+        pols["answerer"].logits[:, 2] = 50.0
+    eps = dr_mas.play_episodes(lambda: KGTeamEnv(num_entities=40, hops=1),
+                               dr_mas.team_act(pols), [0, 1], 2)
+    for e in eps:
+        assert e.actions == ["handoff", env.answerer_actions[2]]
+        assert e.action_ids == [4, len(SEARCHER_ACTIONS) + 2]
