@@ -67,6 +67,16 @@ def test_process_advantages_by_hand():
     np.testing.assert_allclose(got[2], [-1 / 3 / sigma])
 
 
+def test_global_local_by_hand():
+    # adds V(n_{t+1}) - V(root): leaf ab: [1/6 + 1/6, 1/2 + 2/3]
+    got = treeps.process_advantages(hand_batch(), norm_adv=False, form="global_local")
+    want = [[1 / 3, 7 / 6], [1 / 3, -5 / 6], [-2 / 3], [0.0, 0.0]]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-12)
+    with pytest.raises(ValueError, match="form"):
+        treeps.process_advantages(hand_batch(), form="treerl")
+
+
 def test_equal_returns_and_singletons_are_zero():
     batch = [ep("ab", 1.0), ep("b", 1.0), ep("a", 0.0, gid=1)]
     for a in treeps.process_advantages(batch):

@@ -54,6 +54,7 @@ from agentrl_lib.rollout import Episode, episode_stats, play_episodes
 
 SAMPLERS = ("tree", "iid")
 ADVANTAGES = ("process", "outcome")
+FORMS = ("local", "global_local")
 
 
 @dataclass
@@ -181,10 +182,16 @@ def node_values(episodes) -> dict:
     return {k: float(np.mean(v)) for k, v in leaves.items()}
 
 
-def process_advantages(episodes, norm_adv: bool = True, ddof: int = 1,
+def process_advantages(episodes, norm_adv: bool = True, form: str = "local", ddof: int = 1,
                        eps: float = 1e-4) -> list[np.ndarray]:
-    """TreePS-RAG's process advantage A_{i,t} = (V(n_{i,t+1}) - V(n_{i,t})) / (sigma_g + eps)
-    (module docstring), one (T_i,) array per episode; 0 in a group of one or of equal returns."""
+    """TreePS-RAG's process advantage, one (T_i,) array per episode; 0 in a group of one or of
+    equal returns. ``form='local'``: A_{i,t} = (V(n_{i,t+1}) - V(n_{i,t})) / (sigma_g + eps)
+    (module docstring). ``form='global_local'``: TreeRL's sum of a global and a local term (Hou et
+    al. 2025, arXiv:2506.11902; without its 1/sqrt(|L(n)|) weight),
+    A_{i,t} = ((V(n_{i,t+1}) - V(root)) + (V(n_{i,t+1}) - V(n_{i,t}))) / (sigma_g + eps):
+    on a path no other leaf shares, the global term is GRPO's advantage on every turn."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     values = node_values(episodes)
     rets = defaultdict(list)
     for ep in episodes:
@@ -198,7 +205,10 @@ def process_advantages(episodes, norm_adv: bool = True, ddof: int = 1,
         scale = (r.std(ddof=ddof) + eps) if norm_adv else 1.0
         acts = tuple(ep.actions)
         v = np.array([values[ep.group_id, acts[:t]] for t in range(len(acts) + 1)])  # (T+1,)
-        out.append((v[1:] - v[:-1]) / scale)
+        a = v[1:] - v[:-1]  # (T,) local: the step's change of value
+        if form == "global_local":
+            a = a + (v[1:] - v[0])
+        out.append(a / scale)
     return out
 
 
@@ -222,6 +232,8 @@ class TreePSConfig:
     """'tree' (``tree_rollout``) or 'iid' (``play_episodes``: ``num_leaves`` independent episodes)"""
     advantage: str = "process"
     """'process' (``process_advantages``) or 'outcome' (GRPO's, broadcast to every turn)"""
+    form: str = "local"
+    """process advantage's form: 'local' or 'global_local' (``process_advantages``)"""
     num_leaves: int = 8
     """leaves per task: the tree's budget, GRPO's group size"""
     branch_depths: tuple = (1, 2)
@@ -232,6 +244,8 @@ class TreePSConfig:
     def __post_init__(self):
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {self.form!r}")
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
 
@@ -248,7 +262,7 @@ def sample(make_env, policy, seeds, tree: TreePSConfig, max_turns=None) -> TreeB
 def advantages(episodes, tree: TreePSConfig, cfg: AgentPGConfig) -> list[np.ndarray]:
     """Turn advantages of ``tree.advantage``."""
     if tree.advantage == "process":
-        return process_advantages(episodes, norm_adv=cfg.norm_adv)
+        return process_advantages(episodes, norm_adv=cfg.norm_adv, form=tree.form)
     return credit.grpo_broadcast(episodes, norm_adv=cfg.norm_adv)
 
 
