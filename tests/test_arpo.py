@@ -180,3 +180,16 @@ def test_crux_env_exact_success():
         CalcCruxEnv(max_turns=2)
     ep = Episode.of(["s"], [1.0])
     assert not arpo.post_tool_mask(ep).any()
+
+
+def test_paid_tool_calls():
+    assert arpo.is_paid_tool_call({"tool": "calc", "valid": True})
+    assert not arpo.is_paid_tool_call({"tool": "calc", "valid": False})  # an error executes nothing
+    assert not arpo.is_paid_tool_call({"tool": "answer", "valid": True})
+    assert not arpo.is_paid_tool_call({"tool": "lookup", "valid": True, "tool_call": False})
+    ep = Episode.of(["a", "b", "c"], [0, 0, 1], infos=[{"tool": "lookup", "valid": True},
+                                                       {"tool": "confirm", "valid": True},
+                                                       {"tool": "answer", "valid": True}])
+    assert arpo.count_tool_calls([ep, ep]) == 2
+    ep.infos = [{"tool_call": True}, {"tool_call": False}, {}]
+    assert arpo.post_tool_mask(ep).tolist() == [False, True, False]

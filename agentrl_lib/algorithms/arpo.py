@@ -422,3 +422,136 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, eval_fn=None, log=None
         if last:
             break
     return rows
+
+
+# --- the LM rung: entropy after tool responses, and tree rollouts by prefix replay -------------------
+def is_paid_tool_call(info: dict) -> bool:
+    """A step that executed a tool: ``info['tool_call']`` where the environment says so, else a
+    valid call whose tool is not a reply to the user (answer, confirm)."""
+    if "tool_call" in info:
+        return bool(info["tool_call"])
+    return bool(info.get("valid")) and info.get("tool") not in (None, "answer", "confirm")
+
+
+def count_tool_calls(episodes) -> int:
+    """The tool calls paid by independent episodes (every step counted)."""
+    return sum(is_paid_tool_call(i) for ep in episodes for i in ep.infos)
+
+
+def lm_turn_entropies(model, episodes, k: int = 4) -> list[np.ndarray]:
+    """Per turn, the mean token entropy of the first ``k`` tokens of the LM's action (the paper
+    reads the first k tokens after each tool response), (T_i,) per episode; one teacher-forced
+    forward pass at temperature 1 (``rollout.episode_logps``)."""
+    from agentrl_lib.rollout import episode_logps
+
+    with torch.no_grad():
+        _, ents, _ = episode_logps(model, episodes)  # (B, N)
+    out = []
+    for i, ep in enumerate(episodes):
+        out.append(np.array([ents[i, s:min(e, s + k)].mean().item() for s, e in ep.turn_spans]))
+    return out
+
+
+def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig, k: int = 4,
+                    system_prompt: str | None = None):
+    """``sample(model) -> grpo.Batch`` with ARPO's tree rollouts for the LM loop (``grpo.train``).
+
+    Per task seed: ``tree_cfg.num_global`` (N) episodes by ``lm_rollout``; each post-tool turn's
+    first-k-token entropy H_t (``lm_turn_entropies``) against the mean first-turn entropy H_init of
+    the task's N episodes, dH_t = (H_t - H_init) / H_init (normalised by the start's entropy here:
+    log V is far above a trained LM's token entropies; inferred); the turns with
+    alpha + beta dH_t > tau fork Z partial rollouts, best score first, while the task has leaves
+    left of ``cfg.group_size`` (M); one level of forks (a fork does not fork again: simplified);
+    leftover leaves are global episodes. A fork copies its parent's conversation up to the turn
+    (tokens, masks and sampling log-probs), replays the parent's calls on a fresh environment
+    (``reset(seed)``; the replayed calls are not paid) and continues with the LM
+    (``rollout._play``, re-encoding the conversation each turn). Every leaf is a row of the task's
+    group: GRPO on the leaves is ARPO's soft attribution. Metrics add ``rollout/tool_calls`` (the
+    distinct calls paid), ``rollout/forks`` and ``rollout/leaves``."""
+    import random
+    import time
+
+    from agentrl_lib.algorithms.grpo import Batch
+    from agentrl_lib.rollout import (_play, _system_prompt, lm_rollout, model_device,
+                                     pad_episodes, token_generator)
+
+    rng = random.Random(cfg.seed)
+    made = []
+    M, N, Z = cfg.group_size, tree_cfg.num_global, tree_cfg.num_branches
+    if not 1 <= N <= M:
+        raise ValueError(f"num_global must be in 1..group_size, got {N}")
+
+    def sample(model) -> Batch:
+        t0 = time.perf_counter()
+        if not made:
+            made.append(token_generator(model, cfg.seed))
+        gen = made[0]
+        seeds = rng.sample(list(train_seeds), cfg.num_prompts)
+        eps = lm_rollout(model, tokenizer, make_env, seeds, N, cfg.max_turns, cfg.max_new_tokens,
+                         cfg.temperature, gen, system_prompt)
+        h = lm_turn_entropies(model, eps, k)
+        paid = count_tool_calls(eps)
+        forks, extra = [], []
+        for g, seed in enumerate(seeds):
+            members = [i for i, ep in enumerate(eps) if ep.group_id == g]
+            h_init = float(np.mean([h[i][0] for i in members if len(h[i])]))
+            cands = []
+            for i in members:
+                for t in range(1, len(eps[i])):
+                    if is_paid_tool_call(eps[i].infos[t - 1]):
+                        dh = (h[i][t] - h_init) / max(h_init, 1e-6)
+                        score = branch_score(dh, tree_cfg.alpha, tree_cfg.beta)
+                        if score > tree_cfg.tau:
+                            cands.append((score, i, t))
+            cands.sort(key=lambda c: -c[0])
+            room = M - N
+            for _, i, t in cands:
+                if room < Z:
+                    break
+                forks.append((g, seed, i, t))
+                room -= Z
+            extra += [(g, seed)] * room
+        new = []
+        by_t = defaultdict(list)
+        for g, seed, i, t in forks:
+            by_t[t] += [(g, seed, i)] * Z
+        sys_prompt = None
+        for t, items in sorted(by_t.items()):
+            envs, branch = [], []
+            for g, seed, i in items:
+                p = eps[i]
+                env = make_env()
+                env.reset(seed=int(seed))
+                for a in p.actions[:t]:
+                    env.step(a)
+                cut = p.turn_spans[t][0]
+                branch.append(Episode(
+                    list(p.observations[:t + 1]), list(p.actions[:t]), list(p.rewards[:t]),
+                    list(p.state_keys[:t + 1]), list(p.valid[:t]), list(p.infos[:t]), group_id=g,
+                    task=getattr(env, "task", None), prompt_ids=list(p.prompt_ids),
+                    token_ids=list(p.token_ids[:cut]), loss_mask=list(p.loss_mask[:cut]),
+                    logps=list(p.logps[:cut]), turn_spans=list(p.turn_spans[:t])))
+                envs.append(env)
+            sys_prompt = _system_prompt(envs[0], system_prompt)
+            _play(model, tokenizer, envs, branch, cfg.max_turns - t, cfg.max_new_tokens,
+                  cfg.temperature, False, gen, sys_prompt, reuse_cache=False)
+            paid += sum(is_paid_tool_call(info) for ep in branch for info in ep.infos[t:])
+            new += branch
+        if extra:
+            more = lm_rollout(model, tokenizer, make_env, [s for _, s in extra], 1, cfg.max_turns,
+                              cfg.max_new_tokens, cfg.temperature, gen, system_prompt)
+            for ep, (g, _) in zip(more, extra):
+                ep.group_id = g
+            paid += count_tool_calls(more)
+            new += more
+        leaves = sorted(eps + new, key=lambda ep: ep.group_id)
+        t_gen = time.perf_counter() - t0
+        device = model_device(model)
+        seqs = pad_episodes(leaves, tokenizer.pad_token_id, device)
+        returns = torch.tensor([ep.ret for ep in leaves], dtype=torch.float32, device=device)
+        return Batch(seqs, returns, {"rollout/reward": float(np.mean([ep.ret for ep in leaves])),
+                                     **episode_stats(leaves, "rollout/"),
+                                     "rollout/tool_calls": paid, "rollout/forks": len(forks),
+                                     "rollout/leaves": len(leaves), "time/gen_s": t_gen},
+                     episodes=leaves)
+    return sample
