@@ -193,3 +193,23 @@ def test_paid_tool_calls():
     assert arpo.count_tool_calls([ep, ep]) == 2
     ep.infos = [{"tool_call": True}, {"tool_call": False}, {}]
     assert arpo.post_tool_mask(ep).tolist() == [False, True, False]
+
+
+def test_tree_rollout_on_the_kg_menu_replays_forks_exactly():
+    from agentrl_lib.envs.kg_search import KGMenuEnv
+
+    def make():
+        return KGMenuEnv(hops=(2,), max_turns=6, num_entities=60, num_relations=2, top_k=2)
+    pol = KeyTablePolicy(len(KGMenuEnv.actions), seed=0)
+    with torch.no_grad():  # sure at the start (search the subject), uniform elsewhere
+        pol.logits[pol.row((2, 0, False)), 0] = 8.0  # the start key: (hops, read, found)
+    cfg = arpo.ARPOConfig(rollout="arpo", group_size=6, num_global=2, num_branches=2, tau=0.45)
+    tree = arpo.tree_rollout(make, pol, 1, cfg, np.random.default_rng(0))
+    assert len(tree.episodes) == 6 and tree.forks == 2
+    seen = {}
+    for ep, ids in zip(tree.episodes, tree.node_ids):
+        for t, n in enumerate(ids):  # a replayed step sees the same observation (search_other too)
+            assert seen.setdefault(n, (ep.action_ids[t], ep.observations[t])) == (ep.action_ids[t], ep.observations[t])
+    paid = {n for ep, ids in zip(tree.episodes, tree.node_ids) for i, n in zip(ep.infos, ids)
+            if i["valid"] and i["tool"] in ("search", "open")}
+    assert tree.tool_calls == len(paid)

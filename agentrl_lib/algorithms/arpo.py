@@ -250,15 +250,15 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     """One task's tree of ``cfg.group_size`` leaves (module docstring), played with ``policy``
     (``probs(keys)``, ``key``) on an environment that is deterministic given (seed, actions):
     a fork replays its prefix's actions after ``reset(seed)`` (the replayed tool calls are not
-    paid again). ``info['tool_call']`` (else ``info['tool']`` in ``env.tool_calls``) marks a paid
-    tool call."""
+    paid again). ``info['tool_call']`` (else a valid ``info['tool']`` in ``env.tool_calls``) marks a
+    paid tool call."""
     M, Z = cfg.group_size, cfg.num_branches
     nodes = [0]  # the next node id
 
     def is_tool(env, info) -> bool:
-        if "tool_call" in info:
-            return bool(info["tool_call"])
-        return info.get("tool") in getattr(env, "tool_calls", ())
+        if "tool_call" not in info and hasattr(env, "tool_calls"):
+            return info.get("tool") in env.tool_calls and bool(info.get("valid", True))
+        return is_paid_tool_call(info)
 
     def play(prefix, prefix_ids, forks_on_path, h_init, h_max, n_budget):
         """Finish a path from its prefix (a list of step records); returns (records, ids, forks)."""
@@ -467,7 +467,8 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
     (``reset(seed)``; the replayed calls are not paid) and continues with the LM
     (``rollout._play``, re-encoding the conversation each turn). Every leaf is a row of the task's
     group: GRPO on the leaves is ARPO's soft attribution. Metrics add ``rollout/tool_calls`` (the
-    distinct calls paid), ``rollout/forks`` and ``rollout/leaves``."""
+    distinct calls paid), ``rollout/forks`` and ``rollout/leaves``. ``cfg.max_context`` caps the
+    conversations as in ``grpo.episode_sampler``."""
     import random
     import time
 
@@ -477,6 +478,7 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
 
     rng = random.Random(cfg.seed)
     made = []
+    max_context = getattr(cfg, "max_context", None)
     M, N, Z = cfg.group_size, tree_cfg.num_global, tree_cfg.num_branches
     if not 1 <= N <= M:
         raise ValueError(f"num_global must be in 1..group_size, got {N}")
@@ -488,7 +490,7 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
         gen = made[0]
         seeds = rng.sample(list(train_seeds), cfg.num_prompts)
         eps = lm_rollout(model, tokenizer, make_env, seeds, N, cfg.max_turns, cfg.max_new_tokens,
-                         cfg.temperature, gen, system_prompt)
+                         cfg.temperature, gen, system_prompt, max_context=max_context)
         h = lm_turn_entropies(model, eps, k)
         paid = count_tool_calls(eps)
         forks, extra = [], []
@@ -534,12 +536,13 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
                 envs.append(env)
             sys_prompt = _system_prompt(envs[0], system_prompt)
             _play(model, tokenizer, envs, branch, cfg.max_turns - t, cfg.max_new_tokens,
-                  cfg.temperature, False, gen, sys_prompt, reuse_cache=False)
+                  cfg.temperature, False, gen, sys_prompt, reuse_cache=False, max_context=max_context)
             paid += sum(is_paid_tool_call(info) for ep in branch for info in ep.infos[t:])
             new += branch
         if extra:
             more = lm_rollout(model, tokenizer, make_env, [s for _, s in extra], 1, cfg.max_turns,
-                              cfg.max_new_tokens, cfg.temperature, gen, system_prompt)
+                              cfg.max_new_tokens, cfg.temperature, gen, system_prompt,
+                              max_context=max_context)
             for ep, (g, _) in zip(more, extra):
                 ep.group_id = g
             paid += count_tool_calls(more)
