@@ -261,7 +261,9 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
         return is_paid_tool_call(info)
 
     def play(prefix, prefix_ids, forks_on_path, h_init, h_max, n_budget):
-        """Finish a path from its prefix (a list of step records); returns (records, ids, forks)."""
+        """Finish a path from its prefix (step records and their node ids), forking where the
+        score says so while ``n_budget['leaves'] + Z <= M`` (no forks when h_init is None).
+        Returns (records, node ids, the forks it spawned as (prefix, ids, l), its environment)."""
         env = make_env()
         obs = env.reset(seed=int(seed))
         for rec in prefix:
@@ -295,8 +297,6 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
                             "entropy": h, "obs_next": obs_next})
             ids.append(nodes[0])
             nodes[0] += 1
-            if cfg.rollout != "global" and h_init is None and t == 0:
-                h_init = h
             obs = obs_next
         return records, ids, spawned, env
 
@@ -307,11 +307,11 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     h_root, h_max = entropy(p0), math.log(len(p0))
     n_global = cfg.num_global if cfg.rollout == "arpo" else M
     budget = {"leaves": 0, "fork_depths": [], "fork_lineage": []}
-    leaves = []  # (records, ids, truncated)
-    queue = []
-    if cfg.rollout == "aepo":  # pre-monitoring: the first global path gives H_tool
+    leaves = []  # (records, node ids, environment) of each finished path
+    queue = []  # paths to play: ("global", None) or ("fork", (prefix, ids, l))
+    if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
         budget["leaves"] = 1
-        recs, ids, spawned, env = play([], [], 0, None, h_max, {"leaves": M})
+        recs, ids, _, env = play([], [], 0, None, h_max, budget)
         post = [r["entropy"] for k, r in enumerate(recs) if k > 0 and recs[k - 1]["tool_call"]]
         h_tool = float(np.mean(post)) if post else h_root
         n_global = global_count(M, h_root, h_tool, cfg.kappa, h_max)
@@ -319,7 +319,6 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
         queue += [("global", None)] * (n_global - 1)
     else:
         queue += [("global", None)] * n_global
-        budget["leaves"] = 0
     budget["leaves"] += len(queue)
     h_init = None if cfg.rollout == "global" else h_root
     while len(leaves) < M:
@@ -341,7 +340,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
             ep.final_observation = recs[-1]["obs_next"]
             ep.next_state_key = recs[-1]["info"].get("state_key")
             ep.truncated = not recs[-1]["done"] or bool(recs[-1]["info"].get("truncated", False))
-        ep.entropies = [r["entropy"] for r in recs]
+        ep.entropies = [r["entropy"] for r in recs]  # H(pi(.|k_t)) of each step, for the logs
         episodes.append(ep)
         node_ids.append(ids)
     tool_nodes = {n for recs, ids, _ in leaves for r, n in zip(recs, ids) if r["tool_call"]}
