@@ -213,3 +213,53 @@ def test_tree_rollout_on_the_kg_menu_replays_forks_exactly():
     paid = {n for ep, ids in zip(tree.episodes, tree.node_ids) for i, n in zip(ep.infos, ids)
             if i["valid"] and i["tool"] in ("search", "open")}
     assert tree.tool_calls == len(paid)
+
+
+class _EchoTools:
+    """Three turns, every call a paid tool call; deterministic given the calls (a replay test bed)."""
+
+    system_prompt = ""
+
+    def reset(self, seed=None):
+        self.turn, self.seed = 0, seed
+        return f"task {seed}"
+
+    def state_key(self):
+        return (self.seed, self.turn)
+
+    def step(self, text):
+        self.turn += 1
+        done = self.turn >= 3
+        return (f"tool said {len(text) % 7}", float(done and len(text) % 2 == 0), done,
+                {"valid": True, "tool": "echo", "tool_call": True, "state_key": self.state_key(),
+                 "success": bool(done and len(text) % 2 == 0)})
+
+
+def test_lm_tree_sampler_forks_copy_their_parent_and_fill_the_budget():
+    from agentrl_lib.algorithms import grpo
+    from agentrl_lib.models.tiny_lm import build_tokenizer, new_model
+
+    model, tok = new_model("tiny-64", seed=0, tokenizer=build_tokenizer())
+    cfg = grpo.GRPOConfig(num_prompts=2, group_size=6, max_new_tokens=5, max_turns=3, seed=0)
+    tcfg = arpo.ARPOConfig(num_global=2, num_branches=2, alpha=1.0, beta=0.0, tau=0.5, group_size=6)
+    batch = arpo.lm_tree_sampler(tok, _EchoTools, list(range(10)), cfg, tcfg)(model)
+    eps = batch.episodes
+    assert len(eps) == 12 and [sum(e.group_id == g for e in eps) for g in (0, 1)] == [6, 6]
+    assert batch.metrics["rollout/forks"] == 4  # two forks of two per task fill M - N = 4
+    # the leaves come by task, each task's N global episodes first, then its forks
+    globals_ = [e for g in (0, 1) for e in [x for x in eps if x.group_id == g][:2]]
+    own = 0
+    for e in eps:
+        assert len(e) == 3 and len(e.turn_spans) == 3
+        if any(e is x for x in globals_):
+            continue
+        # the fork turn t: the longest prefix of turns it shares with a global of its task
+        t, p = max((t, p) for p in globals_ if p.group_id == e.group_id for t in (1, 2)
+                   if p.token_ids[:p.turn_spans[t][0]] == e.token_ids[:e.turn_spans[t][0]])
+        cut = e.turn_spans[t][0]
+        assert e.logps[:cut] == p.logps[:cut] and e.loss_mask[:cut] == p.loss_mask[:cut]
+        assert e.actions[:t] == p.actions[:t] and e.observations[:t + 1] == p.observations[:t + 1]
+        assert all(x != 0.0 for x, m in zip(e.logps[cut:], e.loss_mask[cut:]) if m)  # sampled anew
+        own += 3 - t
+    # paid calls: every call of the 4 globals, and each fork's calls from its fork turn on
+    assert batch.metrics["rollout/tool_calls"] == 4 * 3 + own < arpo.count_tool_calls(eps)
