@@ -650,6 +650,49 @@ def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int 
     return out
 
 
+def fork_episode(make_env, parent: Episode, t: int, seed: int, group_id: int | None = None):
+    """(env, episode): ``parent`` cut before its turn t, and a fresh environment restored to that
+    state by ``reset(seed)`` and replaying the parent's first t actions (every environment of the
+    library is deterministic given its seed and actions, so no environment is ever copied). The
+    token fields are cut at turn t's first action token when the parent has them. For tree and
+    sibling rollouts (TreePS-RAG, SLATE, ARPO): continue the fork with ``lm_continue`` or any
+    ``play_episodes`` policy."""
+    if not 0 <= t < len(parent):
+        raise ValueError(f"fork turn {t} outside the parent's turns 0..{len(parent) - 1}")
+    env = make_env()
+    env.reset(seed=int(seed))
+    for a in parent.actions[:t]:
+        env.step(a)
+    ep = Episode(list(parent.observations[:t + 1]), list(parent.actions[:t]),
+                 list(parent.rewards[:t]), list(parent.state_keys[:t + 1]), list(parent.valid[:t]),
+                 list(parent.infos[:t]), group_id=parent.group_id if group_id is None else group_id,
+                 task=getattr(env, "task", None))
+    if parent.action_ids is not None:
+        ep.action_ids = list(parent.action_ids[:t])
+    if parent.token_ids is not None:
+        cut = parent.turn_spans[t][0]
+        ep.prompt_ids, ep.token_ids = list(parent.prompt_ids), list(parent.token_ids[:cut])
+        ep.loss_mask, ep.logps = list(parent.loss_mask[:cut]), list(parent.logps[:cut])
+        ep.turn_spans = list(parent.turn_spans[:t])
+    return env, ep
+
+
+def lm_continue(model, tokenizer, envs, episodes, max_turns: int | None, max_new_tokens: int = 8,
+                temperature: float = 1.0, generator: torch.Generator | None = None,
+                system_prompt: str | None = None, greedy: bool = False,
+                max_context: int | None = None) -> list[Episode]:
+    """Continue token-level episodes (forks from ``fork_episode``: each with its restored env) with
+    the LM for up to ``max_turns`` more turns, all stepped together, each conversation re-encoded
+    from its first token every turn (the forks share no cache). Fills ``episodes`` in place and
+    returns them; the records are ``lm_rollout``'s."""
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1 (or None), got {max_turns}")
+    model.eval()
+    return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
+                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=False,
+                 max_context=max_context)
+
+
 def text_episodes_to_tokens(tokenizer, episodes, system_prompt: str | None = None):
     """Fill the token-level fields of episodes played by a non-LM policy (text actions), exactly
     as ``lm_rollout`` would have recorded them had the model generated those actions: for SFT on

@@ -464,7 +464,7 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
     leftover leaves are global episodes. A fork copies its parent's conversation up to the turn
     (tokens, masks and sampling log-probs), replays the parent's calls on a fresh environment
     (``reset(seed)``; the replayed calls are not paid) and continues with the LM
-    (``rollout._play``, re-encoding the conversation each turn). Every leaf is a row of the task's
+    (``rollout.fork_episode`` and ``rollout.lm_continue``, re-encoding the conversation each turn). Every leaf is a row of the task's
     group: GRPO on the leaves is ARPO's soft attribution. Metrics add ``rollout/tool_calls`` (the
     distinct calls paid), ``rollout/forks`` and ``rollout/leaves``. ``cfg.max_context`` caps the
     conversations as in ``grpo.episode_sampler``."""
@@ -472,7 +472,7 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
     import time
 
     from agentrl_lib.algorithms.grpo import Batch
-    from agentrl_lib.rollout import (_play, _system_prompt, lm_rollout, model_device,
+    from agentrl_lib.rollout import (fork_episode, lm_continue, lm_rollout, model_device,
                                      pad_episodes, token_generator)
 
     rng = random.Random(cfg.seed)
@@ -516,26 +516,11 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
         by_t = defaultdict(list)
         for g, seed, i, t in forks:
             by_t[t] += [(g, seed, i)] * Z
-        sys_prompt = None
         for t, items in sorted(by_t.items()):
-            envs, branch = [], []
-            for g, seed, i in items:
-                p = eps[i]
-                env = make_env()
-                env.reset(seed=int(seed))
-                for a in p.actions[:t]:
-                    env.step(a)
-                cut = p.turn_spans[t][0]
-                branch.append(Episode(
-                    list(p.observations[:t + 1]), list(p.actions[:t]), list(p.rewards[:t]),
-                    list(p.state_keys[:t + 1]), list(p.valid[:t]), list(p.infos[:t]), group_id=g,
-                    task=getattr(env, "task", None), prompt_ids=list(p.prompt_ids),
-                    token_ids=list(p.token_ids[:cut]), loss_mask=list(p.loss_mask[:cut]),
-                    logps=list(p.logps[:cut]), turn_spans=list(p.turn_spans[:t])))
-                envs.append(env)
-            sys_prompt = _system_prompt(envs[0], system_prompt)
-            _play(model, tokenizer, envs, branch, cfg.max_turns - t, cfg.max_new_tokens,
-                  cfg.temperature, False, gen, sys_prompt, reuse_cache=False, max_context=max_context)
+            envs, branch = zip(*[fork_episode(make_env, eps[i], t, seed, g) for g, seed, i in items])
+            branch = list(branch)
+            lm_continue(model, tokenizer, list(envs), branch, cfg.max_turns - t, cfg.max_new_tokens,
+                        cfg.temperature, gen, system_prompt, max_context=max_context)
             paid += sum(is_paid_tool_call(info) for ep in branch for info in ep.infos[t:])
             new += branch
         if extra:
