@@ -443,6 +443,28 @@ def episode_stats(episodes, prefix: str = "") -> dict:
             f"{prefix}invalid": float(np.mean([1 - np.mean(ep.valid) for ep in episodes]))}
 
 
+def record_step(ep: Episode, env, a) -> bool:
+    """Step ``env`` with action ``a`` (an index into ``env.actions`` or text) and append the turn
+    to ``ep`` (a symbolic policy's record: ``action_ids``); False once the episode is done."""
+    if isinstance(a, (int, np.integer)):
+        ep.action_ids.append(int(a))
+        a = env.actions[int(a)]
+    else:
+        ep.action_ids.append(None)
+    obs, r, done, info = env.step(a)
+    ep.actions.append(a)
+    ep.rewards.append(float(r))
+    ep.valid.append(bool(info["valid"]))
+    ep.infos.append(info)
+    if done:
+        ep.final_observation, ep.next_state_key = obs, info["state_key"]
+        ep.truncated = bool(info.get("truncated", False))
+        return False
+    ep.observations.append(obs)
+    ep.state_keys.append(info["state_key"])
+    return True
+
+
 def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
                   max_turns: int | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped
@@ -470,23 +492,7 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
         acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
         still = []
         for i, a in zip(running, acts):
-            ep, env = episodes[i], envs[i]
-            if isinstance(a, (int, np.integer)):
-                ep.action_ids.append(int(a))
-                a = env.actions[int(a)]
-            else:
-                ep.action_ids.append(None)
-            obs, r, done, info = env.step(a)
-            ep.actions.append(a)
-            ep.rewards.append(float(r))
-            ep.valid.append(bool(info["valid"]))
-            ep.infos.append(info)
-            if done:
-                ep.final_observation, ep.next_state_key = obs, info["state_key"]
-                ep.truncated = bool(info.get("truncated", False))
-            else:
-                ep.observations.append(obs)
-                ep.state_keys.append(info["state_key"])
+            if record_step(episodes[i], envs[i], a):
                 still.append(i)
         running, turn = still, turn + 1
     for i in running:  # stopped by max_turns here, not by the environment

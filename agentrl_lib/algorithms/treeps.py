@@ -50,7 +50,7 @@ import torch
 
 from agentrl_lib.algorithms import agent_pg, credit
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig
-from agentrl_lib.rollout import Episode, episode_stats, play_episodes
+from agentrl_lib.rollout import Episode, episode_stats, play_episodes, record_step
 
 SAMPLERS = ("tree", "iid")
 ADVANTAGES = ("process", "outcome")
@@ -80,7 +80,7 @@ def _play_from_prefixes(make_env, policy, jobs, max_turns: int | None) -> list[E
                      task=getattr(env, "task", None), action_ids=[])
         alive = True
         for a in prefix:
-            alive = _record(ep, env, a)
+            alive = record_step(ep, env, a)
             if not alive:
                 raise RuntimeError("a replayed prefix ended before its last action: the "
                                    "environment is not deterministic given (seed, actions)")
@@ -94,34 +94,13 @@ def _play_from_prefixes(make_env, policy, jobs, max_turns: int | None) -> list[E
         acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
         still = []
         for i, a in zip(running, acts):
-            if _record(episodes[i], envs[i], a):
+            if record_step(episodes[i], envs[i], a):
                 if max_turns is not None and len(episodes[i]) >= max_turns:
                     _truncate(episodes[i])
                 else:
                     still.append(i)
         running = still
     return episodes
-
-
-def _record(ep: Episode, env, a) -> bool:
-    """Step ``env`` with action ``a`` and append the turn to ``ep``; False once it is done."""
-    if isinstance(a, (int, np.integer)):
-        ep.action_ids.append(int(a))
-        a = env.actions[int(a)]
-    else:
-        ep.action_ids.append(None)
-    obs, r, done, info = env.step(a)
-    ep.actions.append(a)
-    ep.rewards.append(float(r))
-    ep.valid.append(bool(info["valid"]))
-    ep.infos.append(info)
-    if done:
-        ep.final_observation, ep.next_state_key = obs, info["state_key"]
-        ep.truncated = bool(info.get("truncated", False))
-        return False
-    ep.observations.append(obs)
-    ep.state_keys.append(info["state_key"])
-    return True
 
 
 def _truncate(ep: Episode) -> None:
