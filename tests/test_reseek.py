@@ -49,11 +49,11 @@ def test_reader_decoy_and_judge_replans():
     decoy = next(w for w in obs.split() if w.strip(".,;") in env.entity_of_title
                  and w.strip(".,;") != name).strip(".,;")
     # the credulous reader takes the decoy's person as the next hop
-    assert info["opened_kind"] == "note" and env.belief == [e0, env.entity_of_title[decoy]]
+    assert info["opened_kind"] == "note" and env.believed == [e0, env.entity_of_title[decoy]]
     assert info["advanced"] is (env.entity_of_title[decoy] == e1) and not info["fact_true"]
     obs, r, done, info = env.step("judge(useless)")
     assert info["valid"] and info["judge_truth"] == "useless" and info["rejected_doc"] == note
-    assert env.belief == [e0] and r == 0.0
+    assert env.believed == [e0] and r == 0.0
     # the re-plan never lists the rejected document again
     obs, r, done, info = env.step(f"search({name})")
     assert all(i != note for i, _ in env.last_results) and f"[d{note}]" not in obs
@@ -61,9 +61,9 @@ def test_reader_decoy_and_judge_replans():
     own = int(env.corpus.entity_doc[e0])
     obs, r, done, info = env.step(f"open(d{own})")
     assert info["opened_kind"] == "entity" and info["fact_true"] and info["advanced"]
-    assert env.belief == [e0, e1] and info["doc"] == own
+    assert env.believed == [e0, e1] and info["doc"] == own
     obs, r, done, info = env.step("judge(useful)")
-    assert info["judge"] == info["judge_truth"] == "useful" and env.belief == [e0, e1]
+    assert info["judge"] == info["judge_truth"] == "useful" and env.believed == [e0, e1]
     obs, r, done, info = env.step(f"answer({env.graph.names[e1]})")
     assert done and r == 1.0 and info["success"]
     del seed
@@ -88,7 +88,7 @@ def test_misaligned_fact_is_not_factual():
     e0 = env.task["chain"][0]
     info = env.step(f"open(d{int(env.corpus.entity_doc[e0])})")[3]
     assert info["gold_retrieved"] and not info["fact_true"] and not info["advanced"]
-    assert len(env.belief) == 2 and env.belief[1] != env.task["chain"][1]  # the lie is read
+    assert len(env.believed) == 2 and env.believed[1] != env.task["chain"][1]  # the lie is read
     assert env.step("judge(useful)")[3]["judge_truth"] == "useless"
 
 
@@ -198,5 +198,10 @@ def test_path_faithfulness_by_hand():
     assert reseek.path_faithfulness(e3) == 1.0  # the rejected note leaves the path
     assert reseek.path_faithfulness(e3, kept_only=False) == 0.5
     assert reseek.path_faithfulness(_ep([0], [dict(tool="answer")])) == 0.0
+    # re-opening a gold document and rejecting that second open keeps the first on the path
+    again = _ep([0, 0, 0, 1], [dict(tool="open", doc=5), dict(tool="open", doc=5),
+                               dict(tool="judge", judge="useless", judge_truth="useless", rejected_doc=5),
+                               dict(tool="answer")])
+    assert reseek.path_faithfulness(again) == 1.0
     acc, n = reseek.judge_accuracy([e1, e2, e3])
     assert n == 3 and acc == pytest.approx(2 / 3)

@@ -118,14 +118,17 @@ class _Rewards:
 
 def path_faithfulness(episode, kept_only: bool = True) -> float:
     """Share of the documents on the episode's evidence path that are gold evidence: its valid
-    opens, without those a later ``judge(useless)`` set aside when ``kept_only`` (the path the
-    answer rests on: ReSeek's context C_t drops a rejected observation). 0.0 for an episode that
-    opened nothing (kept). ``kept_only=False`` is the retrieval precision of every open."""
-    rejected = {info.get("rejected_doc") for info in episode.infos} - {None}
-    docs = [info["doc"] for info in episode.infos
-            if info.get("valid") and info.get("tool") == "open" and "doc" in info]
-    if kept_only:
-        docs = [d for d in docs if d not in rejected]
+    opens, without those a ``judge(useless)`` set aside when ``kept_only`` (the path the answer
+    rests on: ReSeek's context C_t drops a rejected observation; a verdict removes the open it
+    judged, not an earlier open of the same document). 0.0 for an episode with no document on
+    its path. ``kept_only=False`` is the retrieval precision of every open."""
+    docs = []
+    for info in episode.infos:
+        if info.get("valid") and info.get("tool") == "open" and "doc" in info:
+            docs.append(info["doc"])
+        elif kept_only and info.get("rejected_doc") is not None:
+            last = len(docs) - 1 - docs[::-1].index(info["rejected_doc"])
+            docs.pop(last)
     if not docs:
         return 0.0
     gold = set(episode.infos[0]["gold_docs"])

@@ -8,14 +8,15 @@ information is useful; an unfavourable verdict drops the observation from the co
 action is conditioned on, C_t = tau_{t-1} (+) 1[j_t = good] o_t, so the agent re-plans instead of
 building on a bad document. Here:
 
-**The reader** (``belief``). The agent's belief is the chain of entities it has resolved from what
-it read: [e_0] at reset; opening a document about the believed current entity b (its title is
-b's name, or "Notes on b") advances the belief by one hop to the person that document names for
-the next relation: an entity document states a tail (the true one, or a wrong one where the corpus
-is misaligned); a distractor ("Notes on b") names one person, and the reader is credulous: it
-takes that person (inferred: the paper's failure mode, a lexically close document read as
-evidence). Any other document reads nothing. The reader sees only the observation, so a fact cut
-off by ``max_doc_chars`` is not read. ``answer`` is scored as in ``KGSearchEnv`` (the name, against
+**The reader** (``believed``, as in ``KGSearchEnv.read``, made credulous). The agent's belief is
+the chain of entities it has resolved from what it read: [e_0] at reset; opening a document about
+the believed current entity b (its title is b's name, or "Notes on b") advances the belief by one
+hop to the person that document names for the next relation: an entity document states a tail (the
+true one, or a wrong one where the corpus is misaligned); a distractor ("Notes on b") names one
+person, and this reader is credulous: it takes that person (inferred: the paper's failure mode, a
+lexically close document read as evidence; ``KGSearchEnv``'s own reader ignores distractors). Any
+other document reads nothing. The reader sees only the observation, so a fact cut off by
+``max_doc_chars`` is not read. ``answer`` is scored as in ``KGSearchEnv`` (the name, against
 the graph's e_k): a belief off the true chain ends wrong.
 
 **The JUDGE tool** (``judge=True``): ``judge(useful)`` / ``judge(useless)`` is the verdict on the
@@ -36,7 +37,7 @@ done) while its ``info`` carries the extra flags.
 **info** adds: ``gold_retrieved`` (a search listed a gold document, or an open opened one),
 ``fact_true`` (the open read a fact that is true in the graph: a gold document of the chain whose
 fact is aligned), ``advanced`` (the open extended the belief's correct prefix), ``judge``
-(the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief`` (entity
+(the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief`` (``believed``, entity
 ids), ``opened_kind`` ('entity', 'note', 'other' or None), ``doc`` (the id an open opened) and, on
 a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside, else None).
 
@@ -45,8 +46,10 @@ a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside, else None).
 wasted call), ``open_top`` / ``open_second`` (the first / second result of the last search),
 ``answer`` (the believed entity), and with ``judge=True`` ``judge_useful`` / ``judge_useless``.
 State key: (hops, hops believed, the last search lists the believed entity's own document, the
-kind of the last opened document while it is unjudged). The menu names follow the lead's
-``KGMenuEnv`` (``envs/kg_search.py``) so the two read alike; this class is self-contained.
+kind of the last opened document while it is unjudged). The calls are ``KGSearchEnv.menu_calls``
+(those of ``KGMenuEnv``) plus the two verdicts; the key differs from ``KGMenuEnv``'s (whose third
+entry is "the first result is the believed entity's document", which would tell a table where
+the decoy is before it opens anything: the hard retriever's point).
 """
 
 from __future__ import annotations
@@ -114,44 +117,45 @@ class KGJudgeEnv(KGSearchEnv):
     # --- the reader ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> str:
         self.rejected = set()
-        obs = super().reset(seed)
-        self.belief = [self.task["chain"][0]]
+        obs = super().reset(seed)  # believed = [e_0]
         self.pending = None  # (doc id, belief before the open, advanced) of the unjudged last open
         self.last_kind = None
+        self.last_read = (None, None)
         return obs
 
     def correct_prefix(self, belief=None) -> int:
-        """How many hops of ``belief`` follow the true chain."""
-        belief = self.belief if belief is None else belief
+        """How many hops of ``belief`` (default: ``believed``) follow the true chain."""
+        belief = self.believed if belief is None else belief
         chain, n = self.task["chain"], 0
         while n + 1 < len(belief) and n + 1 < len(chain) and belief[n + 1] == chain[n + 1]:
             n += 1
         return n
 
-    def read(self, doc_id: int, text: str) -> tuple[str, int | None]:
-        """(kind of the document relative to the believed entity, the person it names for the
-        next hop or None): what the credulous reader takes from an opened document's text."""
-        b = self.belief[-1]
-        hop = len(self.belief) - 1
-        title = self.base_index.titles[doc_id]
-        name = self.graph.names[b]
-        if title == name:
-            kind = "entity"
-        elif title == f"Notes on {name}":
-            kind = "note"
-        else:
-            return "other", None
-        if hop >= self.task["hops"]:
-            return kind, None  # the chain is complete: nothing more to read
+    def read(self, doc_id: int) -> None:
+        """The credulous reader (replaces ``KGSearchEnv.read``, called by its ``step`` on every
+        open): from the text the agent sees (title and body cut at ``max_doc_chars``), a document
+        about the believed entity b advances ``believed`` to the person it names for the next hop:
+        an entity document's fact sentence for the next relation, a "Notes on b" distractor's
+        other person. ``last_read`` = (kind relative to b: 'entity', 'note' or 'other', the person
+        read or None)."""
+        b = self.believed[-1]
+        hop = len(self.believed) - 1
+        title, body = self.base_index.get(doc_id)
+        text = f"{title}: {body}"[:self.max_doc_chars]
         body = text[len(title) + 2:]
-        if kind == "entity":
+        name = self.graph.names[b]
+        kind = "entity" if title == name else "note" if title == f"Notes on {name}" else "other"
+        tail = None
+        if kind == "entity" and hop < self.task["hops"]:
             word = RELATIONS[self.task["relations"][hop]][1]
             m = re.search(rf"The {word} of {re.escape(name)} is ([A-Z][a-z]+)\.", body)
-            tail = m.group(1) if m else None
-        else:
-            tail = next((w for w in _NAME.findall(body) if w != name and w in self.entity_of_title),
-                        None)
-        return kind, (None if tail is None else self.entity_of_title.get(tail))
+            tail = None if m is None else self.entity_of_title.get(m.group(1))
+        elif kind == "note" and hop < self.task["hops"]:
+            tail = next((self.entity_of_title[w] for w in _NAME.findall(body)
+                         if w != name and w in self.entity_of_title), None)
+        if tail is not None:
+            self.believed.append(int(tail))
+        self.last_read = (kind, tail)
 
     # --- the protocol -------------------------------------------------------------------------
     def step(self, action_text: str):
@@ -160,7 +164,7 @@ class KGJudgeEnv(KGSearchEnv):
         tool, arg, error = self.parse(str(action_text))
         if not self.done and error is None and tool == "judge":
             return self._judge(arg)
-        before = list(self.belief)
+        before = list(self.believed)
         opened_before = len(self.opened)
         obs, reward, done, info = super().step(action_text)
         flags = dict(gold_retrieved=False, fact_true=False, advanced=False, judge=None,
@@ -170,11 +174,9 @@ class KGJudgeEnv(KGSearchEnv):
             flags["gold_retrieved"] = any(i in gold for i, _ in self.last_results)
         elif info["valid"] and info["tool"] == "open" and len(self.opened) > opened_before:
             doc_id = self.opened[-1]
-            kind, tail = self.read(doc_id, obs)
+            kind, tail = self.last_read
             flags["opened_kind"] = self.last_kind = kind
             flags["gold_retrieved"] = doc_id in gold
-            if tail is not None:
-                self.belief = before + [tail]
             hop = len(before) - 1
             chain = self.task["chain"]
             flags["fact_true"] = bool(doc_id in gold and kind == "entity" and tail is not None
@@ -182,7 +184,7 @@ class KGJudgeEnv(KGSearchEnv):
             flags["advanced"] = self.correct_prefix() > self.correct_prefix(before)
             self.pending = (doc_id, before, flags["advanced"])
             flags["doc"] = doc_id
-        info.update(flags, belief=list(self.belief))
+        info.update(flags, belief=list(self.believed))
         return obs, reward, done, info
 
     def _judge(self, arg: str):
@@ -201,7 +203,7 @@ class KGJudgeEnv(KGSearchEnv):
             doc_id, before, advanced = self.pending
             truth = "useful" if advanced else "useless"
             if verdict == "useless":  # re-plan: forget the document's hop, never list it again
-                self.belief = before
+                self.believed = before
                 self.rejected.add(doc_id)
                 self.last_results = [(i, t) for i, t in self.last_results if i != doc_id]
                 rejected = doc_id
@@ -214,7 +216,7 @@ class KGJudgeEnv(KGSearchEnv):
         info = self._info(error is None, error, "judge" if error is None else None, False)
         info.update(gold_retrieved=False, fact_true=False, advanced=False,
                     judge=verdict if error is None else None, judge_truth=truth,
-                    opened_kind=None, belief=list(self.belief), rejected_doc=rejected)
+                    opened_kind=None, belief=list(self.believed), rejected_doc=rejected)
         return obs, reward, done, info
 
     def expert_actions(self) -> list[str]:
@@ -246,25 +248,15 @@ class KGJudgeMenuEnv:
 
     def state_key(self) -> tuple:
         env = self.env
-        b_doc = int(env.corpus.entity_doc[env.belief[-1]])
+        b_doc = int(env.corpus.entity_doc[env.believed[-1]])
         listed = any(i == b_doc for i, _ in env.last_results)
         kind = env.last_kind if env.pending is not None else None
-        return (env.task["hops"], len(env.belief) - 1, listed, kind)
+        return (env.task["hops"], len(env.believed) - 1, listed, kind)
 
     def menu_calls(self) -> dict:
-        """{menu name: the tool call it makes now}."""
-        env = self.env
-        names = env.graph.names
-        b = env.belief[-1]
-        rng = np.random.default_rng([env.task["seed"], env.turn, 5])
-        other = int(rng.integers(len(names) - 1))
-        other += other >= b
-        res = env.last_results
-        calls = {"search_next": f"search({names[b]})", "search_other": f"search({names[other]})",
-                 "open_top": f"open(d{res[0][0]})" if res else "open()",
-                 "open_second": f"open(d{res[1][0]})" if len(res) > 1 else "open()",
-                 "answer": f"answer({names[b]})"}
-        if env.judge_tool:
+        """{menu name: the tool call it makes now}: ``KGSearchEnv.menu_calls`` plus the verdicts."""
+        calls = self.env.menu_calls()
+        if self.env.judge_tool:
             calls.update(judge_useful="judge(useful)", judge_useless="judge(useless)")
         return calls
 
@@ -283,9 +275,9 @@ class KGJudgeMenuEnv:
         env = self.env
         if env.judge_tool and env.pending is not None:
             return ["judge_useful" if env.pending[2] else "judge_useless"]
-        if len(env.belief) - 1 >= env.task["hops"]:
+        if len(env.believed) - 1 >= env.task["hops"]:
             return ["answer"]
-        b_doc = int(env.corpus.entity_doc[env.belief[-1]])
+        b_doc = int(env.corpus.entity_doc[env.believed[-1]])
         for j, (i, _) in enumerate(env.last_results[:2]):
             if i == b_doc:
                 return ["open_top" if j == 0 else "open_second"]
