@@ -100,7 +100,10 @@ def test_decoy_first_ranks_the_distractor_above():
             name = env.graph.names[env.task["chain"][0]]
             env.step(f"search({name})")
             titles = [t for _, t in env.last_results]
-            assert titles.index(f"Notes on {name}") < titles.index(name) if want else titles[0] == name
+            if want:
+                assert titles.index(f"Notes on {name}") < titles.index(name)
+            else:
+                assert titles[0] == name
 
 
 def test_menu_expert_and_keys():
@@ -124,6 +127,15 @@ def test_menu_expert_and_keys():
         env.step("fly")
 
 
+J_RIGHT_USEFUL = dict(tool="judge", judge="useful", judge_truth="useful")
+J_WRONG_USEFUL = dict(tool="judge", judge="useful", judge_truth="useless")
+ANSWER = dict(tool="answer")
+
+
+def j_useless(doc):
+    return dict(tool="judge", judge="useless", judge_truth="useless", rejected_doc=doc)
+
+
 def _ep(rewards, flags, group_id=0, gold=(5,)):
     infos = []
     for f in flags:
@@ -139,12 +151,12 @@ def batch():
     judge it useful (wrong), answer wrong. Episode 3: open a note, judge useless (right), open
     gold (c, u), answer right."""
     e1 = _ep([0, 0, 1], [dict(tool="open", doc=5, fact_true=True, advanced=True),
-                         dict(tool="judge", judge="useful", judge_truth="useful"), dict(tool="answer")])
+                         J_RIGHT_USEFUL, ANSWER])
     e2 = _ep([0, 0, 0], [dict(tool="open", doc=9),
-                         dict(tool="judge", judge="useful", judge_truth="useless"), dict(tool="answer")])
+                         J_WRONG_USEFUL, ANSWER])
     e3 = _ep([0, 0, 0, 1], [dict(tool="open", doc=9),
-                            dict(tool="judge", judge="useless", judge_truth="useless", rejected_doc=9),
-                            dict(tool="open", doc=5, fact_true=True, advanced=True), dict(tool="answer")])
+                            j_useless(9),
+                            dict(tool="open", doc=5, fact_true=True, advanced=True), ANSWER])
     return [e1, e2, e3]
 
 
@@ -200,8 +212,7 @@ def test_path_faithfulness_by_hand():
     assert reseek.path_faithfulness(_ep([0], [dict(tool="answer")])) == 0.0
     # re-opening a gold document and rejecting that second open keeps the first on the path
     again = _ep([0, 0, 0, 1], [dict(tool="open", doc=5), dict(tool="open", doc=5),
-                               dict(tool="judge", judge="useless", judge_truth="useless", rejected_doc=5),
-                               dict(tool="answer")])
+                               j_useless(5), ANSWER])
     assert reseek.path_faithfulness(again) == 1.0
     acc, n = reseek.judge_accuracy([e1, e2, e3])
     assert n == 3 and acc == pytest.approx(2 / 3)

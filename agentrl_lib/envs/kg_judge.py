@@ -37,9 +37,10 @@ done) while its ``info`` carries the extra flags.
 **info** adds: ``gold_retrieved`` (a search listed a gold document, or an open opened one),
 ``fact_true`` (the open read a fact that is true in the graph: a gold document of the chain whose
 fact is aligned), ``advanced`` (the open extended the belief's correct prefix), ``judge``
-(the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief`` (``believed``, entity
-ids), ``opened_kind`` ('entity', 'note', 'other' or None), ``doc`` (the id an open opened) and, on
-a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside, else None).
+(the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief``
+(``believed``, entity ids), ``opened_kind`` ('entity', 'note', 'other' or None), ``doc`` (the
+id an open opened) and, on a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside,
+else None).
 
 ``KGJudgeMenuEnv`` plays the same environment through a finite menu (the tabular rung):
 ``search_next`` (search the believed entity's name), ``search_other`` (a random other name: a
@@ -89,7 +90,8 @@ class _RankedIndex:
                 e = env.entity_of_title.get(title)
                 if e is None or i != int(env.corpus.entity_doc[e]):
                     continue
-                notes = [n for n, (i2, t2) in enumerate(rows) if n > j and t2 == f"Notes on {title}"]
+                notes = [n for n, (_, t2) in enumerate(rows)
+                         if n > j and t2 == f"Notes on {title}"]
                 if notes and _unit(env.task["seed"], e, 4) < env.decoy_first:
                     rows.insert(j, rows.pop(notes[0]))  # the distractor takes the document's rank
                     break
