@@ -399,6 +399,7 @@ class Episode:
     final_observation: str = ""
     next_state_key: object = None  # state key after the last step
     truncated: bool = False  # ended by the turn cap rather than by the task
+    context_full: bool = False  # truncated because the next turn could pass lm_rollout's max_context
     action_ids: list | None = None  # index into env.actions, for symbolic policies
     prompt_ids: list | None = None  # the first prompt (system + o_0), not trained on
     token_ids: list | None = None  # agent turns and observations after the first prompt (N,)
@@ -515,9 +516,11 @@ def _new_episodes(make_env, seeds, group_size):
 
 @torch.no_grad()
 def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
-          generator, system_prompt, reuse_cache: bool, timers: dict | None = None):
+          generator, system_prompt, reuse_cache: bool, timers: dict | None = None,
+          max_context: int | None = None):
     """Step ``envs`` together (fills ``episodes`` in place). reuse_cache=False re-encodes each
-    conversation from its first token every turn (the naive loop)."""
+    conversation from its first token every turn (the naive loop). max_context: end (truncated,
+    ``context_full``) an episode whose next turn could pass this many tokens; None: no cap."""
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     timers = timers if timers is not None else {}
     tick = time.perf_counter
@@ -531,6 +534,7 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
     pending = [list(ep.prompt_ids) for ep in episodes]  # tokens of each row not yet in the cache
     add("tokenizer", t0)
     running = list(range(len(envs)))
+    limit = max_context or 10**12
     record_end = {}
     state = _Cache()
     turn = 0
@@ -575,16 +579,20 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
                 ep.loss_mask.append(0)
                 ep.logps.append(0.0)
                 carry.append(eos_id)
-            if done:
+            seg = []
+            if not done:
+                t0 = tick()
+                seg = token_ids(tokenizer, observation_text(tokenizer, obs, system_prompt))
+                add("tokenizer", t0)
+            full = len(ep.prompt_ids) + len(ep.token_ids) + len(seg) + max_new_tokens + 1 > limit
+            if done or full:  # full: the next turn could pass max_context tokens
                 ep.final_observation, ep.next_state_key = obs, info["state_key"]
-                ep.truncated = bool(info.get("truncated", False))
+                ep.truncated = bool(info.get("truncated", False)) or (full and not done)
+                ep.context_full = full and not done
                 continue
             ep.observations.append(obs)
             ep.state_keys.append(info["state_key"])
             still.append((k, i))
-            t0 = tick()
-            seg = token_ids(tokenizer, observation_text(tokenizer, obs, system_prompt))
-            add("tokenizer", t0)
             record_end[i] = len(ep.token_ids)
             ep.token_ids += seg
             ep.loss_mask += [0] * len(seg)
@@ -604,18 +612,24 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
 def lm_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1,
                max_turns: int | None = None, max_new_tokens: int = 8, temperature: float = 1.0,
                generator: torch.Generator | None = None, system_prompt: str | None = None,
-               greedy: bool = False, timers: dict | None = None) -> list[Episode]:
+               greedy: bool = False, timers: dict | None = None,
+               max_context: int | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with the LM, every running environment stepped
     together, one batched generation per turn on a KV cache kept across turns. Group i is
     ``group_size`` episodes reset with ``seeds[i]``. Returns token-level ``Episode`` records.
 
     system_prompt: None uses the environment's ``system_prompt`` attribute, "" none.
     timers: optional dict that accumulates seconds per phase (prefill, decode, env, tokenizer).
+    max_context: end an episode (truncated, ``context_full``) when the next observation plus a
+    full action could pass this many tokens, e.g. the positions the model was trained on (the tiny
+    LM's 512: its rotary positions run past them without an error, into untrained territory);
+    None: no cap.
     """
     model.eval()
     envs, episodes = _new_episodes(make_env, seeds, group_size)
     return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
-                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers)
+                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers,
+                 max_context=max_context)
 
 
 def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1,

@@ -140,7 +140,7 @@ def test_panel_hash_and_world_cache():
     seeds, h = a.eval_panel(8)
     assert seeds == list(range(10**6, 10**6 + 8)) and h == b.eval_panel(8)[1]
     assert KGSearchEnv(num_entities=50, alignment=0.5).eval_panel(8)[1] != h
-    assert (50, 4, 1.0, 1, 0, 5.0) in kg_search._WORLDS
+    assert (50, 4, 1.0, 1, 0, 5.0, (2, 3)) in kg_search._WORLDS
     with pytest.raises(ValueError, match="hops"):
         KGSearchEnv(hops=(0,))
     with pytest.raises(RuntimeError, match="reset"):
@@ -160,3 +160,73 @@ def test_an_entity_document_outranks_its_distractors():
                                               world_seed=2),
                         lambda envs, obs: [e.expert_actions()[0] for e in envs], list(range(20)), 1)
     assert all(ep.success and len(ep) == 5 for ep in eps)
+
+
+def test_shown_is_what_the_documents_state_and_names_have_their_syllables():
+    g = make_graph(40, 3, seed=2, name_syllables=2)
+    c = render_corpus(g, 0.5, num_distractors=1, seed=2)
+    stated = np.array([[stated_tail(c, g, h, r) for r in range(3)] for h in range(40)])
+    assert np.array_equal(stated, c.shown)
+    assert np.array_equal(c.shown == g.tail, c.aligned)
+    # two syllables: two vowel groups each; three-syllable names never appear
+    assert all(len(re.findall(r"[aeiou]+", n.lower())) == 2 for n in g.names)
+    with pytest.raises(ValueError, match="syllables"):
+        kg_search.make_names(3, 0, syllables=(3, 2))
+
+
+def test_belief_follows_the_documents_not_the_graph():
+    env = KGSearchEnv(num_entities=60, num_relations=2, hops=2, alignment=0.0, world_seed=5)
+    env.reset(seed=11)
+    e0, (r1, r2) = env.task["chain"][0], env.task["relations"]
+    assert env.believed == [e0]
+    env.step(f"open(d{int(env.corpus.entity_doc[e0]) + 60})")  # a distractor: no progress
+    assert env.believed == [e0]
+    env.step(f"open(d{int(env.corpus.entity_doc[e0])})")
+    e1 = int(env.corpus.shown[e0, r1])
+    assert env.believed == [e0, e1] and e1 != env.task["chain"][1]  # every fact is misaligned
+    env.step(f"open(d{int(env.corpus.entity_doc[e0])})")  # re-reading e0 adds nothing
+    assert env.believed == [e0, e1]
+    env.step(f"open(d{e1})")
+    assert env.believed == [e0, e1, int(env.corpus.shown[e1, r2])]
+    env.step(f"open(d{e1})")  # every hop read: the belief stops growing
+    assert len(env.believed) == 3
+
+
+def test_menu_env_expert_reads_the_chain_in_2k_plus_1_turns():
+    from agentrl_lib.envs import make_agent_env
+    kw = dict(num_entities=80, num_relations=3, hops=(1, 2, 3), max_turns=10)
+    act = lambda envs, obs: [e.expert_actions()[0] for e in envs]  # noqa: E731
+    eps = play_episodes(lambda: make_agent_env("kg_menu", **kw), act, list(range(60)), 1, 10)
+    for ep in eps:
+        k = ep.infos[-1]["hops"]
+        assert sum(ep.rewards) == 1.0 and len(ep) == 2 * k + 1
+        # keys: (k, 0, False), (k, 0, True), (k, 1, False), ... , (k, k, False)
+        want = [(k, j // 2, j % 2 == 1) for j in range(2 * k)] + [(k, k, False)]
+        assert ep.state_keys == want
+        assert [i["call"].split("(")[0] for i in ep.infos] == ["search", "open"] * k + ["answer"]
+
+
+def test_menu_env_calls_and_bad_input():
+    from agentrl_lib.envs.kg_search import KGMenuEnv
+    env = KGMenuEnv(num_entities=60, num_relations=2, hops=1, max_turns=4)
+    env.reset(seed=3)
+    obs, r, done, info = env.step("open_top")  # nothing searched yet: open() is malformed
+    assert info["call"] == "open()" and not info["valid"] and env.env.num_invalid == 1
+    assert info["state_key"] == (1, 0, False) and r == 0.0 and not done
+    _, _, _, info = env.step("search_other")
+    assert info["valid"] and info["call"] != f"search({env.env.graph.names[env.env.believed[0]]})"
+    obs, r, done, info = env.step(4)  # answer e_0 to a one-hop question: wrong
+    assert done and r == 0.0 and obs == "Wrong."
+    with pytest.raises(ValueError, match="out of range"):
+        env.step(7)
+
+
+def test_scripted_text_policy_on_the_search_env():
+    from agentrl_lib.algorithms.sft import KG_AGENT_GAME, scripted_policy
+    make = lambda: KGSearchEnv(**KG_AGENT_GAME)  # noqa: E731
+    eps = play_episodes(make, scripted_policy(0.0, np.random.default_rng(0)), list(range(30)), 1, 6)
+    assert all(ep.success for ep in eps)  # epsilon 0: the scripted searcher, aligned corpus
+    noisy = play_episodes(make, scripted_policy(1.0, np.random.default_rng(0)), [0, 1], 4, 6)
+    for ep in noisy:  # epsilon 1: every call is one of the menu's texts at its state
+        assert all(re.fullmatch(r"(search|open|answer)\(.*\)", a) for a in ep.actions)
+    assert len({tuple(ep.actions) for ep in noisy}) > 1

@@ -411,3 +411,22 @@ def test_turn_estimators_by_name_are_the_modules(moving_lm):
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), name
     with pytest.raises(ValueError, match="group_size"):
         GRPOConfig(estimator="salt", group_size=1)
+
+
+def test_max_context_ends_an_episode_before_it_overflows(moving_lm):
+    model, tok = moving_lm
+    kw = dict(seeds=[0, 1, 2], group_size=2, max_turns=4, max_new_tokens=6,
+              generator=torch.Generator().manual_seed(0))
+    free = lm_rollout(model, tok, make_env(), **kw)
+    kw["generator"] = torch.Generator().manual_seed(0)
+    cap = 300  # the first prompt (system + o_0) is ~180 tokens, each later turn ~110
+    capped = lm_rollout(model, tok, make_env(), max_context=cap, **kw)
+    assert any(len(ep.prompt_ids) + len(ep.token_ids) > cap for ep in free)  # the cap binds
+    for f, c in zip(free, capped):
+        assert len(c.prompt_ids) + len(c.token_ids) <= cap
+        # the same draws up to the cut: the capped record is a prefix of the free one
+        assert c.actions == f.actions[:len(c.actions)] and c.token_ids == f.token_ids[:len(c.token_ids)]
+        cut = len(c.actions) < len(f.actions)
+        assert c.context_full == cut and (c.truncated or not cut)
+        check_record(tok, c, 6)
+    assert not any(ep.context_full for ep in free)

@@ -142,6 +142,9 @@ class GRPOConfig:
     """updates between evaluations (and after the last)"""
     max_turns: int = 6
     """multi-turn: turn cap of an episode (the environment's own cap applies too)"""
+    max_context: int | None = None
+    """multi-turn: end an episode whose next turn could pass this many tokens (``lm_rollout``;
+    e.g. 512, the positions the tiny LM was trained on); None: no cap"""
     horizon_schedule: tuple | None = None
     """multi-turn: ((from_iter, max_turns), ...): from sampling round ``from_iter`` (0-based,
     ascending, the first 0) episodes are cut at that many turns; replaces ``max_turns``
@@ -366,7 +369,8 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
         max_turns = max_turns_at(cfg, rounds[0])
         rounds[0] += 1
         eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, max_turns,
-                         cfg.max_new_tokens, cfg.temperature, tokens(model), system_prompt)
+                         cfg.max_new_tokens, cfg.temperature, tokens(model), system_prompt,
+                         max_context=cfg.max_context)
         t_gen = time.perf_counter() - t0
         device = model_device(model)
         seqs = pad_episodes(eps, tokenizer.pad_token_id, device)
@@ -545,11 +549,12 @@ def evaluate(model, tokenizer, problems: list[dict], reward_fn, max_new_tokens: 
 @torch.no_grad()
 def evaluate_agent(model, tokenizer, make_env, seeds: list[int], max_turns: int,
                    max_new_tokens: int, samples: int = 1, temperature: float = 1.0,
-                   seed: int = 0, system_prompt: str | None = None) -> dict:
+                   seed: int = 0, system_prompt: str | None = None,
+                   max_context: int | None = None) -> dict:
     """Success rate, mean return, turns and invalid-action rate on a fixed panel of task seeds.
     samples=0: greedy, one episode per seed; else ``samples`` episodes per seed, sampled with a
     generator seeded by ``seed`` (the same draws at every call)."""
     eps = lm_rollout(model, tokenizer, make_env, seeds, max(samples, 1), max_turns, max_new_tokens,
                      temperature, token_generator(model, seed), system_prompt,
-                     greedy=samples == 0)
+                     greedy=samples == 0, max_context=max_context)
     return episode_stats(eps)

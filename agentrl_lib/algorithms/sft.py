@@ -169,10 +169,16 @@ def train_sft(cfg: SFTConfig, log_every: int = 50, verbose: bool = True):
 def scripted_policy(epsilon: float, rng: np.random.Generator):
     """A ``play_episodes`` policy for an env with ``expert_actions()`` (the multi-turn protocol):
     with probability 1 - epsilon one of the optimal actions (uniformly among ties), else a
-    uniformly random action of ``env.actions``."""
+    uniformly random action of ``env.actions``. An env of free-text calls (no ``actions``, e.g.
+    ``KGSearchEnv``) gets text: the first expert call, else a random one of ``env.menu_calls()``."""
     def act(envs, observations):
         out = []
         for env in envs:
+            if not hasattr(env, "actions"):
+                calls = list(env.menu_calls().values())
+                noisy = rng.random() < epsilon
+                out.append(calls[int(rng.integers(len(calls)))] if noisy else env.expert_actions()[0])
+                continue
             if rng.random() < epsilon:
                 out.append(int(rng.integers(len(env.actions))))
                 continue
@@ -230,6 +236,11 @@ def train_agent_sft(cfg: AgentSFTConfig, verbose: bool = True):
     seeds = [cfg.seed_offset + i for i in range(cfg.num_episodes)]
     eps = play_episodes(make_env, scripted_policy(cfg.epsilon, rng), seeds, 1, cfg.max_turns)
     text_episodes_to_tokens(tok, eps, cfg.system_prompt)
+    limit = model.config.max_position_embeddings  # a demonstration that does not fit is dropped
+    eps = [ep for ep in eps if len(ep.prompt_ids) + len(ep.token_ids) <= limit]
+    if not eps:
+        raise ValueError(f"no demonstration fits the model's {limit} positions: shorten the "
+                         f"environment's observations or max_turns")
     order = np.random.default_rng(cfg.seed + 1)
     size = min(cfg.batch_size, len(eps))
 
@@ -373,6 +384,16 @@ TQ_AGENT_GAME = dict(items=["dog", "eagle", "car", "airplane"],
 # 0.125) and 400 at lr 2e-3, epsilon 0.3 (0.012, 0.06) stopped on the plateau.
 CALC_AGENT_GAME = dict(confirm_prob=0.5, max_turns=6, show_tools=False)
 """the CalcToolEnv of ``calc-agent-tiny`` (``CalcToolEnv(**CALC_AGENT_GAME)``)"""
+# kg-agent-tiny: part 5's LM searcher (notebooks 50-55): KGSearchEnv over 100 people with 2
+# relations, 1-2 hop questions, two-syllable names, 2 results a search, documents cut at 120
+# characters, 6 turns, no system prompt: an optimal 2-hop conversation is 5 turns and at most ~490
+# of the tiny LM's 512 positions (~360 on average; measured on 300 seeds), and lm_rollout ends an
+# episode that would overflow them (``Episode.context_full``). It imitates the scripted searcher
+# (KGSearchEnv.expert_actions) with epsilon = 0.2 random menu calls (its own success 0.78);
+# demonstrations longer than 512 positions are dropped.
+KG_AGENT_GAME = dict(num_entities=100, num_relations=2, hops=(1, 2), name_syllables=2, top_k=2,
+                     max_doc_chars=120, max_turns=6)
+"""the KGSearchEnv of ``kg-agent-tiny`` (``KGSearchEnv(**KG_AGENT_GAME)``)"""
 # *-medium: the gpu profiles' starts, a 34M-parameter model pretrained on a GPU (about 1M tokens
 # a step budget of 4000 x 128 documents; minutes on one H100, never built on the CPU) and then
 # fine-tuned like the tiny bases; the SFT settings are the tiny ones at a lower lr (not tuned).
@@ -398,6 +419,9 @@ BASE_MODELS = {
     "calc-agent-tiny": AgentSFTConfig(env="calc_tool", env_kwargs=CALC_AGENT_GAME, system_prompt="",
                                       epsilon=0.2, steps=1000, max_turns=6, lr=3e-3,
                                       seed_offset=3_000_000),
+    "kg-agent-tiny": AgentSFTConfig(env="kg_search", env_kwargs=KG_AGENT_GAME, system_prompt="",
+                                    epsilon=0.2, steps=1200, max_turns=6, lr=3e-3,
+                                    seed_offset=3_000_000),
     "pretrain-medium": PretrainConfig(size="medium-512", device="cuda"),
     "arith-medium": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_MEDIUM),
     "chain-mix-medium": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
@@ -407,6 +431,7 @@ BASE_MODELS = {
 }
 # the agent LM parts' gpu starts: the tiny agent bases' settings on the GPU-pretrained model
 BASE_MODELS["tq-agent-medium"] = replace(BASE_MODELS["tq-agent-tiny"], **_MEDIUM)
+BASE_MODELS["kg-agent-medium"] = replace(BASE_MODELS["kg-agent-tiny"], **_MEDIUM)
 BASE_MODELS["shop-agent-medium"] = replace(BASE_MODELS["shop-agent-tiny"], **_MEDIUM)
 BASE_MODELS["grid5-agent-medium"] = replace(BASE_MODELS["grid5-agent-tiny"],
                                             **{**_MEDIUM, "init": "grid-agent-medium"})

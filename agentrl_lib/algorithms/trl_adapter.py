@@ -64,7 +64,7 @@ UNSUPPORTED_ESTIMATORS = ("reinforce", "batch_mean", "rloo", "reinforce_pp", "gi
 # Our fields whose value TRL's GRPOTrainer fixes: a config must hold exactly this value.
 TRL_FIXED = {"std_ddof": 1, "kl_estimator": "k3", "dynamic_sampling": False, "overlong_buffer": 0,
              "overlong_penalty": 1.0, "gamma": 0.95, "omega": 1.0, "entropy_coef": 0.0,
-             "horizon_schedule": None}
+             "horizon_schedule": None, "max_context": None}
 # Our fields with a TRL counterpart (ours -> TRL's GRPOConfig / TrainingArguments).
 MAPPED = {"estimator": "scale_rewards", "loss_agg": "loss_type", "clip_eps": "epsilon",
           "clip_eps_high": "epsilon_high", "beta": "beta",

@@ -72,16 +72,20 @@ _CALL = re.compile(r"^\s*([a-z_]+)\s*\((.*)\)\s*$", re.S)
 _WORD = re.compile(r"\w+")
 
 
-def make_names(n: int, seed: int) -> list[str]:
-    """``n`` distinct capitalised made-up names of 2-3 syllables (deterministic in ``seed``).
+def make_names(n: int, seed: int, syllables=(2, 3)) -> list[str]:
+    """``n`` distinct capitalised made-up names of ``syllables`` syllables (an int, or the (low,
+    high) range drawn uniformly; deterministic in ``seed``).
 
     >>> make_names(3, 0) == make_names(3, 0) and len(set(make_names(500, 1))) == 500
     True
     """
+    low, high = (syllables, syllables) if isinstance(syllables, int) else map(int, syllables)
+    if not 1 <= low <= high:
+        raise ValueError(f"syllables must be a positive int or a (low, high) range, got {syllables!r}")
     rng = np.random.default_rng(seed)
     names, seen = [], set()
     while len(names) < n:
-        syll = int(rng.integers(2, 4))
+        syll = int(rng.integers(low, high + 1))
         word = "".join(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
                        + _CODAS[rng.integers(len(_CODAS))] for _ in range(syll))
         if word not in seen:
@@ -97,8 +101,10 @@ class KnowledgeGraph:
     tail: np.ndarray  # (N, R) int: tail[h, r] = the entity that relation r maps h to (never h)
 
 
-def make_graph(num_entities: int = 200, num_relations: int = 4, seed: int = 0) -> KnowledgeGraph:
-    """A functional graph: every entity has one tail per relation, drawn uniformly among the others."""
+def make_graph(num_entities: int = 200, num_relations: int = 4, seed: int = 0,
+               name_syllables=(2, 3)) -> KnowledgeGraph:
+    """A functional graph: every entity has one tail per relation, drawn uniformly among the others;
+    names of ``name_syllables`` syllables (``make_names``)."""
     if not 2 <= num_relations <= len(RELATIONS):
         raise ValueError(f"num_relations must be in 2..{len(RELATIONS)}, got {num_relations}")
     if num_entities < 3:
@@ -106,7 +112,8 @@ def make_graph(num_entities: int = 200, num_relations: int = 4, seed: int = 0) -
     rng = np.random.default_rng([seed, 1])
     tail = rng.integers(0, num_entities - 1, size=(num_entities, num_relations))  # (N, R)
     tail += tail >= np.arange(num_entities)[:, None]  # skip the head itself
-    return KnowledgeGraph(make_names(num_entities, seed), RELATION_NAMES[:num_relations], tail)
+    return KnowledgeGraph(make_names(num_entities, seed, name_syllables),
+                          RELATION_NAMES[:num_relations], tail)
 
 
 @dataclass
@@ -115,6 +122,7 @@ class Corpus:
     bodies: list  # (D,) document texts
     entity_doc: np.ndarray  # (N,) the id of each entity's own document
     aligned: np.ndarray  # (N, R) bool: the fact (h, r) is rendered as in the graph
+    shown: np.ndarray  # (N, R) int: the tail h's document states for relation r (= tail where aligned)
 
 
 def render_corpus(graph: KnowledgeGraph, alignment: float = 1.0, num_distractors: int = 1,
@@ -147,7 +155,7 @@ def render_corpus(graph: KnowledgeGraph, alignment: float = 1.0, num_distractors
             r, t = int(decoys[h, j, 0]) % R, int(decoys[h, j, 1])
             titles.append(f"Notes on {graph.names[h]}")
             bodies.append(RELATIONS[r][3].format(h=graph.names[h], t=graph.names[t]))
-    return Corpus(titles, bodies, np.arange(N), aligned)
+    return Corpus(titles, bodies, np.arange(N), aligned, shown)
 
 
 class SearchIndex:
@@ -201,11 +209,13 @@ _WORLDS: dict[tuple, tuple] = {}
 
 
 def world(num_entities: int, num_relations: int, alignment: float, num_distractors: int,
-          seed: int, title_weight: float = 5.0):
+          seed: int, title_weight: float = 5.0, name_syllables=(2, 3)):
     """The cached (graph, corpus, index) of a configuration (built once per process)."""
-    key = (num_entities, num_relations, float(alignment), num_distractors, seed, float(title_weight))
+    syll = name_syllables if isinstance(name_syllables, int) else tuple(name_syllables)
+    key = (num_entities, num_relations, float(alignment), num_distractors, seed, float(title_weight),
+           syll)
     if key not in _WORLDS:
-        g = make_graph(num_entities, num_relations, seed)
+        g = make_graph(num_entities, num_relations, seed, syll)
         c = render_corpus(g, alignment, num_distractors, seed)
         _WORLDS[key] = (g, c, SearchIndex(c.titles, c.bodies, title_weight))
     return _WORLDS[key]
@@ -226,7 +236,8 @@ class KGSearchEnv:
     def __init__(self, num_entities: int = 200, num_relations: int = 4, hops=(1, 2),
                  alignment: float = 1.0, num_distractors: int = 1, top_k: int = 3,
                  max_turns: int = 8, max_doc_chars: int = 240, answer_reward: float = 1.0,
-                 invalid_penalty: float = 0.0, world_seed: int = 0, title_weight: float = 5.0):
+                 invalid_penalty: float = 0.0, world_seed: int = 0, title_weight: float = 5.0,
+                 name_syllables=(2, 3)):
         hops = (hops,) if isinstance(hops, int) else tuple(int(k) for k in hops)
         if not hops or min(hops) < 1:
             raise ValueError(f"hops must be positive hop counts, got {hops!r}")
@@ -237,7 +248,7 @@ class KGSearchEnv:
         self.invalid_penalty = float(invalid_penalty)
         self.config = dict(num_entities=num_entities, num_relations=num_relations,
                            alignment=alignment, num_distractors=num_distractors, seed=world_seed,
-                           title_weight=title_weight)
+                           title_weight=title_weight, name_syllables=name_syllables)
         self.graph, self.corpus, self.index = world(**self.config)
         self.num_invalid = 0
         self.task = None
@@ -278,6 +289,7 @@ class KGSearchEnv:
             seed = int(np.random.default_rng().integers(2**31))
         self.task = self.question(seed)
         self.turn, self.opened, self.last_results, self.done = 0, [], [], False
+        self.believed = [self.task["chain"][0]]
         return f"Question: {self.task['text']}"
 
     def state_key(self) -> tuple:
@@ -324,6 +336,7 @@ class KGSearchEnv:
         elif tool == "open":
             doc_id = int(m.group(1))
             self.opened.append(doc_id)
+            self.read(doc_id)
             title, body = doc
             obs = f"{title}: {body}"[:self.max_doc_chars]
         else:  # answer
@@ -334,6 +347,30 @@ class KGSearchEnv:
             done = True
         self.done = done
         return obs, reward, done, self._info(error is None, error, tool, success)
+
+    def read(self, doc_id: int) -> None:
+        """The agent's belief after opening ``doc_id``: if it is the document of the entity believed
+        at the current hop, append the tail that document states for the next relation (the truth
+        where the corpus is aligned, a wrong entity where it is not)."""
+        read = len(self.believed) - 1
+        head = self.believed[-1]
+        if read < self.task["hops"] and doc_id == int(self.corpus.entity_doc[head]):
+            self.believed.append(int(self.corpus.shown[head, self.task["relations"][read]]))
+
+    def menu_calls(self) -> dict[str, str]:
+        """The call text of each entry of ``KGMenuEnv.actions`` at the current state: search the
+        believed current entity / a random other name (seeded by question seed and turn), open the
+        first / second result of the last search (``open()``, a malformed call, if there is none),
+        answer the believed entity."""
+        names, cur = self.graph.names, self.believed[-1]
+        rng = np.random.default_rng([self.task["seed"], self.turn, 7])
+        other = int(rng.integers(len(names) - 1))
+        other += other >= cur
+        res = [i for i, _ in self.last_results]
+        return {"search_next": f"search({names[cur]})", "search_other": f"search({names[other]})",
+                "open_top": f"open(d{res[0]})" if res else "open()",
+                "open_second": f"open(d{res[1]})" if len(res) > 1 else "open()",
+                "answer": f"answer({names[cur]})"}
 
     def expert_actions(self) -> list[str]:
         """The scripted searcher's next call: open the next chain entity's document if the last
@@ -348,3 +385,52 @@ class KGSearchEnv:
         if any(i == want for i, _ in self.last_results):
             return [f"open(d{want})"]
         return [f"search({self.graph.names[chain[read]]})"]
+
+
+class KGMenuEnv:
+    """``KGSearchEnv`` played through a finite menu of calls: the tabular / MLP rung of part 5.
+
+    ``actions`` = search_next, search_other, open_top, open_second, answer; ``step(i)`` sends
+    ``menu_calls()[actions[i]]`` to the inner environment ``self.env`` (see ``KGSearchEnv.menu_calls``;
+    every reward, the turn cap and the counting of malformed calls are the inner env's). The state
+    key is (hops, hops read, the last search's first result is the believed entity's document): what
+    a menu policy needs, no question identity, so one table serves every question. ``info`` is the
+    inner env's with that key and ``call``, the text sent. On an aligned corpus the menu's expert
+    answers every question in 2 * hops + 1 turns.
+    """
+
+    actions = ["search_next", "search_other", "open_top", "open_second", "answer"]
+
+    def __init__(self, **kg_kwargs):
+        self.env = KGSearchEnv(**kg_kwargs)
+        self.max_turns = self.env.max_turns
+
+    def eval_panel(self, n: int = 64):
+        return self.env.eval_panel(n)
+
+    def panel_hash(self, seeds) -> str:
+        return self.env.panel_hash(seeds)
+
+    def state_key(self) -> tuple:
+        env = self.env
+        found = bool(env.last_results) and env.last_results[0][0] == int(
+            env.corpus.entity_doc[env.believed[-1]])
+        return (env.task["hops"], len(env.believed) - 1, found)
+
+    def reset(self, seed: int | None = None) -> str:
+        return self.env.reset(seed)
+
+    def step(self, action):
+        i = self.actions.index(action) if isinstance(action, str) else int(action)
+        if not 0 <= i < len(self.actions):
+            raise ValueError(f"menu action {action!r} out of range: 0..{len(self.actions) - 1} or "
+                             f"one of {self.actions}")
+        call = self.env.menu_calls()[self.actions[i]]
+        obs, reward, done, info = self.env.step(call)
+        return obs, reward, done, {**info, "state_key": self.state_key(), "call": call}
+
+    def expert_actions(self) -> list[str]:
+        """The menu's optimal move: answer once every hop is read, open the believed entity's
+        document when the last search put it first, else search it."""
+        hops, read, found = self.state_key()
+        return ["answer"] if read == hops else ["open_top"] if found else ["search_next"]
