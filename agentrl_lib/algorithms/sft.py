@@ -390,7 +390,11 @@ CALC_AGENT_GAME = dict(confirm_prob=0.5, max_turns=6, show_tools=False)
 # of the tiny LM's 512 positions (~360 on average; measured on 300 seeds), and lm_rollout ends an
 # episode that would overflow them (``Episode.context_full``). It imitates the scripted searcher
 # (KGSearchEnv.expert_actions) with epsilon = 0.2 random menu calls (its own success 0.78);
-# demonstrations longer than 512 positions are dropped.
+# demonstrations longer than 512 positions are dropped. 1200 steps at lr 3e-3 (11 min on the
+# shared busy cores; the loss falls from 0.85 to 0.07-0.10). Measured on the 64 panel seeds 10**6 + i
+# (6 turns, 24 tokens a call, max_context 512): greedy success 0.66 (no invalid call, 4.2 turns);
+# sampled at temperature 1, 4 episodes a seed, 0.14 (invalid calls 4%): it searches, opens and
+# answers in form, and miscopies names when sampling, room for RL.
 KG_AGENT_GAME = dict(num_entities=100, num_relations=2, hops=(1, 2), name_syllables=2, top_k=2,
                      max_doc_chars=120, max_turns=6)
 """the KGSearchEnv of ``kg-agent-tiny`` (``KGSearchEnv(**KG_AGENT_GAME)``)"""
