@@ -223,13 +223,21 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
         if hasattr(policy, "episode_entropies"):
             with torch.no_grad():
                 row["rollout/entropy"] = float(policy.episode_entropies(episodes).mean())
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        close_row(row, it, cfg, eval_fn, policy, history, log)
     return history
+
+
+def close_row(row: dict, it: int, cfg, eval_fn, policy, history: list, log=None,
+              last: bool = False) -> None:
+    """The end of a training iteration in every multi-turn trainer: ``eval_fn(policy)``'s dict
+    under ``eval/`` every ``cfg.eval_every`` iterations, at the first and at the last (or when
+    ``last``), then the row appended to ``history`` and logged."""
+    if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0 or last
+                                or it + 1 == cfg.num_iters):
+        row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
+    history.append(row)
+    if log is not None:
+        log.log(**row)
 
 
 def evaluate(make_env, policy, seeds, greedy: bool = True, max_turns: int | None = None) -> dict:

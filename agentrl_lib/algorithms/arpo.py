@@ -413,11 +413,7 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, eval_fn=None, log=None
                **metrics}
         last = it + 1 == cfg.num_iters or (cfg.max_tool_calls is not None
                                            and paid >= cfg.max_tool_calls)
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0 or last):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        rows.append(row)
-        if log is not None:
-            log.log(**row)
+        agent_pg.close_row(row, it, cfg, eval_fn, policy, rows, log, last=last)
         if last:
             break
     return rows

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from agentrl_lib.algorithms import agent_pg
 from agentrl_lib.algorithms.agent_pg import grad_norm
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rollout import Episode, play_episodes
@@ -242,12 +243,7 @@ def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
             flat = np.concatenate(adv_k) if adv_k else np.zeros(0)
             row[f"rollout/abs_adv_{role}"] = float(np.abs(flat).mean()) if flat.size else 0.0
             row[f"rollout/mean_adv_{role}"] = float(flat.mean()) if flat.size else 0.0
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policies).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        agent_pg.close_row(row, it, cfg, eval_fn, policies, history, log)
     return history
 
 

@@ -268,10 +268,5 @@ def train(make_env, policy, cfg: AgentPGConfig, tree: TreePSConfig, train_seeds,
                "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))),
                "rollout/new_turns": batch.new_turns / len(episodes),
                "rollout/shared": shared_share(episodes), **metrics}
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        agent_pg.close_row(row, it, cfg, eval_fn, policy, history, log)
     return history
