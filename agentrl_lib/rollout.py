@@ -443,6 +443,28 @@ def episode_stats(episodes, prefix: str = "") -> dict:
             f"{prefix}invalid": float(np.mean([1 - np.mean(ep.valid) for ep in episodes]))}
 
 
+def record_step(ep: Episode, env, a) -> bool:
+    """Step ``env`` with action ``a`` (an index into ``env.actions`` or text) and append the turn
+    to ``ep`` (a symbolic policy's record: ``action_ids``); False once the episode is done."""
+    if isinstance(a, (int, np.integer)):
+        ep.action_ids.append(int(a))
+        a = env.actions[int(a)]
+    else:
+        ep.action_ids.append(None)
+    obs, r, done, info = env.step(a)
+    ep.actions.append(a)
+    ep.rewards.append(float(r))
+    ep.valid.append(bool(info["valid"]))
+    ep.infos.append(info)
+    if done:
+        ep.final_observation, ep.next_state_key = obs, info["state_key"]
+        ep.truncated = bool(info.get("truncated", False))
+        return False
+    ep.observations.append(obs)
+    ep.state_keys.append(info["state_key"])
+    return True
+
+
 def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
                   max_turns: int | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped
@@ -470,23 +492,7 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
         acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
         still = []
         for i, a in zip(running, acts):
-            ep, env = episodes[i], envs[i]
-            if isinstance(a, (int, np.integer)):
-                ep.action_ids.append(int(a))
-                a = env.actions[int(a)]
-            else:
-                ep.action_ids.append(None)
-            obs, r, done, info = env.step(a)
-            ep.actions.append(a)
-            ep.rewards.append(float(r))
-            ep.valid.append(bool(info["valid"]))
-            ep.infos.append(info)
-            if done:
-                ep.final_observation, ep.next_state_key = obs, info["state_key"]
-                ep.truncated = bool(info.get("truncated", False))
-            else:
-                ep.observations.append(obs)
-                ep.state_keys.append(info["state_key"])
+            if record_step(episodes[i], envs[i], a):
                 still.append(i)
         running, turn = still, turn + 1
     for i in running:  # stopped by max_turns here, not by the environment
@@ -648,6 +654,49 @@ def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int 
                          greedy, generator, _system_prompt(envs[0], system_prompt),
                          reuse_cache=False, timers=timers)
     return out
+
+
+def fork_episode(make_env, parent: Episode, t: int, seed: int, group_id: int | None = None):
+    """(env, episode): ``parent`` cut before its turn t, and a fresh environment restored to that
+    state by ``reset(seed)`` and replaying the parent's first t actions (every environment of the
+    library is deterministic given its seed and actions, so no environment is ever copied). The
+    token fields are cut at turn t's first action token when the parent has them. For tree and
+    sibling rollouts (TreePS-RAG, SLATE, ARPO): continue the fork with ``lm_continue`` or any
+    ``play_episodes`` policy."""
+    if not 0 <= t < len(parent):
+        raise ValueError(f"fork turn {t} outside the parent's turns 0..{len(parent) - 1}")
+    env = make_env()
+    env.reset(seed=int(seed))
+    for a in parent.actions[:t]:
+        env.step(a)
+    ep = Episode(list(parent.observations[:t + 1]), list(parent.actions[:t]),
+                 list(parent.rewards[:t]), list(parent.state_keys[:t + 1]), list(parent.valid[:t]),
+                 list(parent.infos[:t]), group_id=parent.group_id if group_id is None else group_id,
+                 task=getattr(env, "task", None))
+    if parent.action_ids is not None:
+        ep.action_ids = list(parent.action_ids[:t])
+    if parent.token_ids is not None:
+        cut = parent.turn_spans[t][0]
+        ep.prompt_ids, ep.token_ids = list(parent.prompt_ids), list(parent.token_ids[:cut])
+        ep.loss_mask, ep.logps = list(parent.loss_mask[:cut]), list(parent.logps[:cut])
+        ep.turn_spans = list(parent.turn_spans[:t])
+    return env, ep
+
+
+def lm_continue(model, tokenizer, envs, episodes, max_turns: int | None, max_new_tokens: int = 8,
+                temperature: float = 1.0, generator: torch.Generator | None = None,
+                system_prompt: str | None = None, greedy: bool = False,
+                max_context: int | None = None) -> list[Episode]:
+    """Continue token-level episodes (forks from ``fork_episode``: each with its restored env) with
+    the LM for up to ``max_turns`` more turns, all stepped together, each conversation re-encoded
+    from its first token every turn (the forks share no cache). Fills ``episodes`` in place and
+    returns them; the records are ``lm_rollout``'s."""
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1 (or None), got {max_turns}")
+    model.eval()
+    return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
+                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=False,
+                 max_context=max_context)
 
 
 def text_episodes_to_tokens(tokenizer, episodes, system_prompt: str | None = None):

@@ -430,3 +430,19 @@ def test_max_context_ends_an_episode_before_it_overflows(moving_lm):
         assert c.context_full == cut and (c.truncated or not cut)
         check_record(tok, c, 6)
     assert not any(ep.context_full for ep in free)
+
+
+def test_fork_and_continue_greedy_reproduces_the_parent(moving_lm):
+    from agentrl_lib.rollout import fork_episode, lm_continue
+    model, tok = moving_lm
+    parents = lm_rollout(model, tok, make_env(), [0, 1, 2, 3], 1, 4, 6, greedy=True)
+    forks = [(p, t) for p in parents for t in range(len(p))]
+    envs, kids = zip(*[fork_episode(make_env(), p, t, seed=p.group_id) for p, t in forks])
+    for (p, t), kid in zip(forks, kids):  # the cut copies exactly the first t turns
+        assert kid.actions == p.actions[:t] and kid.token_ids == p.token_ids[:p.turn_spans[t][0]]
+    lm_continue(model, tok, list(envs), list(kids), max_turns=4, max_new_tokens=6, greedy=True)
+    for (p, t), kid in zip(forks, kids):  # greedy from the same state: the same continuation
+        assert kid.actions[:len(p)] == p.actions and kid.rewards[:len(p)] == p.rewards
+        assert kid.token_ids[:len(p.token_ids)] == p.token_ids
+    with pytest.raises(ValueError, match="fork turn"):
+        fork_episode(make_env(), parents[0], len(parents[0]), seed=0)

@@ -192,6 +192,9 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
     far, batch success rate and return, mean |A|, the loss metrics, and ``eval_fn(policy)``'s dict
     (under ``eval/``) every eval_every iterations, the first and the last.
 
+    train_seeds: the task seeds, drawn uniformly with replacement; or a function
+    ``(it, rng, n) -> (n,) seeds`` that draws iteration ``it``'s seeds (a curriculum:
+    ``curriculum.curriculum_seed_fn``).
     advantage_fn(episodes) -> list of (T_i,) arrays replaces ``cfg.estimator`` (plug in ArCHer's
     critic, SPA-RL's progress, or anything else). log: optional MetricsLogger. regulariser:
     fn(turn entropies (N,), iteration) -> (loss term, metrics), added to the loss (``update``).
@@ -201,7 +204,8 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
     critic: dict = {}
     history, num_episodes = [], 0
     for it in range(cfg.num_iters):
-        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+        seeds = (train_seeds(it, rng, cfg.num_prompts) if callable(train_seeds)
+                 else rng.choice(np.asarray(train_seeds), size=cfg.num_prompts))
         max_turns = cfg.max_turns_at(it)
         episodes = play_episodes(make_env, policy.act, list(seeds), cfg.group_size, max_turns)
         num_episodes += len(episodes)
@@ -219,13 +223,21 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
         if hasattr(policy, "episode_entropies"):
             with torch.no_grad():
                 row["rollout/entropy"] = float(policy.episode_entropies(episodes).mean())
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        close_row(row, it, cfg, eval_fn, policy, history, log)
     return history
+
+
+def close_row(row: dict, it: int, cfg, eval_fn, policy, history: list, log=None,
+              last: bool = False) -> None:
+    """The end of a training iteration in every multi-turn trainer: ``eval_fn(policy)``'s dict
+    under ``eval/`` every ``cfg.eval_every`` iterations, at the first and at the last (or when
+    ``last``), then the row appended to ``history`` and logged."""
+    if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0 or last
+                                or it + 1 == cfg.num_iters):
+        row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
+    history.append(row)
+    if log is not None:
+        log.log(**row)
 
 
 def evaluate(make_env, policy, seeds, greedy: bool = True, max_turns: int | None = None) -> dict:

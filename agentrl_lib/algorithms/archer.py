@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from agentrl_lib.algorithms import credit
+from agentrl_lib.algorithms import agent_pg, credit
 from agentrl_lib.rollout import episode_stats, play_episodes
 from agentrl_lib.utils import optimizer_step
 
@@ -463,10 +463,5 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
             for _ in range(cfg.actor_updates):
                 m = actor_step(policy, critic, optimizer, cfg, rng)
                 row.update({f"losses/{k}": v for k, v in m.items()})
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        agent_pg.close_row(row, it, cfg, eval_fn, policy, history, log)
     return history, critic

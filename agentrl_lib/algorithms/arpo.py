@@ -1,0 +1,540 @@
+"""ARPO and AEPO: entropy-triggered tree rollouts for tool-using agents, shared-prefix advantage
+attribution, and AEPO's entropy balancing.
+
+ARPO (Dong et al. 2025, "Agentic Reinforced Policy Optimization", arXiv:2507.19849) observes that
+an LLM agent's token entropy rises right after a tool response, and spends its rollout budget there:
+
+**Entropy-based adaptive rollout** (``tree_rollout``, ``rollout='arpo'``). A task gets a budget of
+M leaves (``group_size``). N = ``num_global`` trajectories are sampled from the root; H_init is the
+policy's entropy at the first step. Walking a path, at every step t that follows a tool response the
+normalised entropy change and the branch score are
+
+    dH_t = (H_t - H_init) / log|A|          (``entropy_change``; log|A|: the largest entropy)
+    P_t  = alpha + beta * dH_t              (``branch_score``)
+
+and where P_t > tau the path forks ``num_branches`` (Z) partial rollouts that share its prefix and
+sample afresh from step t on (the path itself goes on). Forking stops when the tree has M leaves;
+if every path ends first, more global trajectories fill the budget. A shared prefix is played once,
+so its tool calls are paid once: ``tool_calls`` counts the tree's distinct tool-call steps.
+
+**Advantage attribution** (``attribute``). Each leaf's advantage is its return normalised among
+the task's M leaves (GRPO's, ``credit.group_normalise``). A step shared by the leaves L(s):
+'hard' gives it the mean advantage over L(s), once (here: mean / |L(s)| on each copy, so the
+copies sum to the mean); 'soft' keeps every copy's own leaf advantage (each leaf a GRPO row; the
+shared step's copies sum to |L(s)| x the mean, which is what GRPO's loss on the branched
+trajectories does through their equal ratios, the paper's default). Unshared steps get their
+leaf's advantage in both.
+
+AEPO (Dong et al. 2025, "Agentic Entropy-Balanced Policy Optimization", arXiv:2510.14545) finds that
+ARPO over-branches (consecutive high-entropy steps fork the same lineage again and again) and that
+PPO's clip removes the gradient of high-entropy tokens. Its cells here (``rollout='aepo'``):
+
+- entropy pre-monitoring: the global share of the budget is sigma(kappa (H_root - H_tool)) (more
+  global sampling when the question is more uncertain than the tool steps, more branching
+  otherwise), N = clip(round(M sigma(.)), 1, M) (``global_count``), H_tool from the first global
+  path's post-tool steps;
+- the consecutive-branch penalty: P_t = (alpha + beta dH_t) (1 - penalty)^l with l the number of
+  forks already on the path's lineage (``branch_score``);
+- stop-gradient high-entropy clipping (``sg_clip_loss``): where PPO's clip is active on the upper
+  side (A > 0, rho > 1 + eps) of a high-entropy token, the term -sg((1 + eps) / rho) rho A keeps the
+  clipped value and a gradient -(1 + eps) A grad log pi instead of none;
+- entropy-aware advantages (``entropy_aware_advantages``): A_t (1 + gamma_h dH_t).
+
+Taken from the papers: the branch score alpha + beta dH against tau, forking Z partial rollouts at
+post-tool steps under a leaf budget M with N initial global samples, refilling with global samples,
+hard and soft attribution (soft the default), AEPO's sigmoid budget split from root vs tool-step
+entropy, the penalty on consecutive branching, the stop-gradient clip and the entropy-weighted
+advantage. Inferred (not fixed by what we read): dH normalised by log|A| (the paper "normalises"
+the change); H_init as the first step's entropy (the paper: of the first k tokens); the forking
+path continues besides its Z forks; the penalty's form (1 - penalty)^l; H_tool from the first global
+path; the entropy-aware form (1 + gamma_h dH_t); hard attribution written as mean / |L(s)| per copy.
+
+The tabular loop ``train`` plays trees with a ``KeyTablePolicy`` (``policy.probs`` of the state
+key), attributes advantages and takes ``agent_pg.update``'s PPO step; ``rollout='global'`` (M
+independent trajectories, no forks) with soft attribution is trajectory-level GRPO, the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agentrl_lib.algorithms import agent_pg, credit
+from agentrl_lib.rollout import Episode, episode_stats
+
+ROLLOUTS = ("global", "arpo", "aepo")
+ATTRIBUTIONS = ("soft", "hard")
+
+
+# --- the pure pieces -----------------------------------------------------------------------------
+def entropy(probs) -> float:
+    """H(p) = -sum_a p_a log p_a (0 log 0 = 0)."""
+    p = np.asarray(probs, dtype=np.float64)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def entropy_change(h_t: float, h_init: float, h_max: float) -> float:
+    """dH_t = (H_t - H_init) / H_max: the step's entropy above the first step's, in units of the
+    largest entropy (log|A| for |A| actions).
+
+    >>> entropy_change(1.5, 0.5, 2.0)
+    0.5
+    """
+    if h_max <= 0:
+        raise ValueError(f"h_max must be > 0, got {h_max}")
+    return (h_t - h_init) / h_max
+
+
+def branch_score(delta_h: float, alpha: float, beta: float, penalty: float = 0.0,
+                 num_forks: int = 0) -> float:
+    """ARPO: P_t = alpha + beta dH_t; AEPO: times (1 - penalty)^l, l = forks already on the path.
+
+    >>> branch_score(0.5, alpha=0.5, beta=1.0), branch_score(0.5, 0.5, 1.0, penalty=0.5, num_forks=2)
+    (1.0, 0.25)
+    """
+    if not 0.0 <= penalty <= 1.0:
+        raise ValueError(f"penalty must be in [0, 1], got {penalty}")
+    return (alpha + beta * delta_h) * (1.0 - penalty) ** num_forks
+
+
+def global_count(group_size: int, h_root: float, h_tool: float, kappa: float, h_max: float) -> int:
+    """AEPO's entropy pre-monitoring: N = clip(round(M sigma(kappa (H_root - H_tool) / H_max)), 1, M)
+    global samples of the budget M; the rest is for branching.
+
+    >>> global_count(8, 1.0, 1.0, kappa=4.0, h_max=2.0), global_count(8, 0.0, 2.0, 4.0, 2.0)
+    (4, 1)
+    """
+    z = kappa * (h_root - h_tool) / h_max
+    return int(min(max(round(group_size / (1.0 + math.exp(-z))), 1), group_size))
+
+
+def leaf_advantages(returns, norm_adv: bool = True) -> np.ndarray:
+    """GRPO's advantage of each leaf of one tree: its return normalised among the tree's leaves
+    (``credit.group_normalise``, ddof=1, eps=1e-4; zeros for one leaf or equal returns). (M,)"""
+    return credit.group_normalise(np.asarray(returns, dtype=np.float64), norm_adv, 1, 1e-4)
+
+
+def attribute(node_ids, leaf_adv, mode: str = "soft") -> list[np.ndarray]:
+    """Per-step advantages of a tree's leaves from their leaf advantages.
+
+    node_ids: per leaf, the (T_i,) ids of the tree nodes (executed steps) on its path: a shared
+    prefix has the same ids. leaf_adv: (M,). 'soft': every step gets its leaf's advantage; 'hard':
+    a step shared by the leaves L(s) gets mean_{j in L(s)} A_j / |L(s)| on each copy (the mean,
+    counted once); an unshared step gets its leaf's.
+
+    >>> [a.tolist() for a in attribute([[0, 1], [0, 2]], [1.0, -0.5], "hard")]
+    [[0.125, 1.0], [0.125, -0.5]]
+    """
+    if mode not in ATTRIBUTIONS:
+        raise ValueError(f"attribution must be one of {ATTRIBUTIONS}, got {mode!r}")
+    leaf_adv = np.asarray(leaf_adv, dtype=np.float64)
+    if len(node_ids) != len(leaf_adv):
+        raise ValueError(f"{len(node_ids)} leaves but {len(leaf_adv)} leaf advantages")
+    if mode == "soft":
+        return [np.full(len(ids), a) for ids, a in zip(node_ids, leaf_adv)]
+    members = defaultdict(list)
+    for j, ids in enumerate(node_ids):
+        for n in ids:
+            members[n].append(j)
+    value = {n: leaf_adv[js].mean() / len(js) for n, js in members.items()}
+    return [np.array([value[n] for n in ids], dtype=np.float64) for ids in node_ids]
+
+
+def entropy_aware_advantages(advantages, delta_h, gamma_h: float) -> list[np.ndarray]:
+    """AEPO's entropy-aware advantage (form inferred): A_t (1 + gamma_h dH_t), per episode (T_i,).
+
+    >>> entropy_aware_advantages([np.array([1.0, -1.0])], [np.array([0.5, 0.0])], 1.0)[0].tolist()
+    [1.5, -1.0]
+    """
+    return [np.asarray(a, dtype=np.float64) * (1.0 + gamma_h * np.asarray(d, dtype=np.float64))
+            for a, d in zip(advantages, delta_h)]
+
+
+def sg_clip_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                 clip_eps: float = 0.2, entropies: torch.Tensor | None = None,
+                 entropy_threshold: float | None = None) -> torch.Tensor:
+    """Per-step PPO loss with AEPO's stop-gradient clip, (N,) -> (N,).
+
+    l = -min(rho A, clip(rho, 1 - eps, 1 + eps) A), except where the clip is active on the upper
+    side (A > 0, rho > 1 + eps) and the step is high-entropy (entropy > ``entropy_threshold``;
+    every step when no threshold): there l = -sg((1 + eps) / rho) rho A, the same value
+    -(1 + eps) A, with gradient -(1 + eps) A grad log pi where PPO's is 0.
+    """
+    rho = torch.exp(logps - old_logps)  # (N,)
+    ppo = -torch.min(rho * advantages, rho.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
+    active = (advantages > 0) & (rho > 1 + clip_eps)  # (N,)
+    if entropy_threshold is not None:
+        if entropies is None:
+            raise ValueError("entropy_threshold needs entropies")
+        active = active & (entropies > entropy_threshold)
+    kept = -((1 + clip_eps) / rho).detach() * rho * advantages  # (N,)
+    return torch.where(active, kept, ppo)
+
+
+# --- tree rollouts -------------------------------------------------------------------------------
+@dataclass
+class ARPOConfig:
+    num_iters: int = 40
+    """updates (one batch of trees each)"""
+    num_prompts: int = 4
+    """tasks (trees) per batch"""
+    group_size: int = 8
+    """M: leaves per task (GRPO: trajectories per task)"""
+    rollout: str = "arpo"
+    """'global' (M independent trajectories: GRPO), 'arpo' or 'aepo' (module docstring)"""
+    attribution: str = "soft"
+    """'soft' or 'hard' shared-prefix attribution (``attribute``)"""
+    num_global: int = 4
+    """N: global trajectories first ('arpo'; 'aepo' sets N by pre-monitoring)"""
+    num_branches: int = 2
+    """Z: partial rollouts forked at a step whose score exceeds tau"""
+    alpha: float = 0.5
+    """base branch score"""
+    beta: float = 1.0
+    """weight of the normalised entropy change in the branch score"""
+    tau: float = 0.5
+    """fork where alpha + beta dH > tau (with alpha = tau: where the entropy rose at all)"""
+    penalty: float = 0.5
+    """'aepo': the branch score shrinks by (1 - penalty) per fork already on the lineage"""
+    kappa: float = 4.0
+    """'aepo': slope of the pre-monitoring sigmoid"""
+    gamma_h: float = 0.0
+    """entropy-aware advantage weight (AEPO); 0: off"""
+    max_tool_calls: int | None = None
+    """stop training once this many tool calls were paid (the tool-call budget); None: num_iters"""
+    lr: float = 0.5
+    """Adam learning rate of the table"""
+    clip_eps: float = 0.2
+    num_epochs: int = 1
+    eval_every: int = 5
+    seed: int = 0
+    """seeds the task draws and the action sampling"""
+
+    def __post_init__(self):
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"rollout must be one of {ROLLOUTS}, got {self.rollout!r}")
+        if self.attribution not in ATTRIBUTIONS:
+            raise ValueError(f"attribution must be one of {ATTRIBUTIONS}, got {self.attribution!r}")
+        if not 1 <= self.num_global <= self.group_size:
+            raise ValueError(f"num_global must be in 1..group_size, got {self.num_global}")
+        if self.num_branches < 1:
+            raise ValueError(f"num_branches must be >= 1, got {self.num_branches}")
+
+
+@dataclass
+class Tree:
+    """One task's rollout: leaf episodes (prefix steps copied), the node ids of each leaf's steps,
+    the tool calls paid (distinct tool-call nodes), forks made and where."""
+    episodes: list
+    node_ids: list
+    tool_calls: int
+    forks: int
+    fork_depths: list  # the step index t of each fork
+    fork_lineage: list  # l (forks already on the lineage) at each fork
+    num_global: int
+
+
+def _policy_probs(policy, env, obs) -> np.ndarray:
+    key = env.state_key() if policy.key == "state" else obs
+    with torch.no_grad():
+        return policy.probs([key])[0].numpy()
+
+
+def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Generator,
+                 group_id: int = 0, max_turns: int | None = None) -> Tree:
+    """One task's tree of ``cfg.group_size`` leaves (module docstring), played with ``policy``
+    (``probs(keys)``, ``key``) on an environment that is deterministic given (seed, actions):
+    a fork replays its prefix's actions after ``reset(seed)`` (the replayed tool calls are not
+    paid again). ``info['tool_call']`` (else a valid ``info['tool']`` in ``env.tool_calls``) marks a
+    paid tool call."""
+    M, Z = cfg.group_size, cfg.num_branches
+    nodes = [0]  # the next node id
+
+    def is_tool(env, info) -> bool:
+        if "tool_call" not in info and hasattr(env, "tool_calls"):
+            return info.get("tool") in env.tool_calls and bool(info.get("valid", True))
+        return is_paid_tool_call(info)
+
+    def play(prefix, prefix_ids, forks_on_path, h_init, h_max, n_budget):
+        """Finish a path from its prefix (step records and their node ids), forking where the
+        score says so while ``n_budget['leaves'] + Z <= M`` (no forks when h_init is None).
+        Returns (records, node ids, the forks it spawned as (prefix, ids, l), its environment)."""
+        env = make_env()
+        obs = env.reset(seed=int(seed))
+        for rec in prefix:
+            obs, *_ = env.step(rec["action_id"])
+        records, ids = list(prefix), list(prefix_ids)
+        spawned = []
+        l = forks_on_path
+        done = bool(prefix) and prefix[-1]["done"]
+        cap = max_turns or getattr(env, "max_turns", None)
+        while not done and (cap is None or len(records) < cap):
+            p = _policy_probs(policy, env, obs)
+            h = entropy(p)
+            t = len(records)
+            after_tool = t > 0 and records[-1]["tool_call"]
+            if (cfg.rollout != "global" and after_tool and h_init is not None
+                    and n_budget["leaves"] + Z <= M):
+                dh = entropy_change(h, h_init, h_max)
+                pen = cfg.penalty if cfg.rollout == "aepo" else 0.0
+                if branch_score(dh, cfg.alpha, cfg.beta, pen, l) > cfg.tau:
+                    n_budget["leaves"] += Z
+                    spawned += [(list(records), list(ids), l + 1)] * Z
+                    n_budget["fork_depths"].append(t)
+                    n_budget["fork_lineage"].append(l)
+                    l += 1
+            a = int(rng.choice(len(p), p=p / p.sum()))
+            key, text = env.state_key(), env.actions[a]
+            obs_next, r, done, info = env.step(a)
+            records.append({"obs": obs, "action_id": a, "action": text,
+                            "reward": float(r), "key": key, "valid": bool(info.get("valid", True)),
+                            "info": info, "done": bool(done), "tool_call": is_tool(env, info),
+                            "entropy": h, "obs_next": obs_next})
+            ids.append(nodes[0])
+            nodes[0] += 1
+            obs = obs_next
+        return records, ids, spawned, env
+
+    # the root's entropy (one probe of the policy, no environment step paid)
+    env0 = make_env()
+    obs0 = env0.reset(seed=int(seed))
+    p0 = _policy_probs(policy, env0, obs0)
+    h_root, h_max = entropy(p0), math.log(len(p0))
+    n_global = cfg.num_global if cfg.rollout == "arpo" else M
+    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": []}
+    leaves = []  # (records, node ids, environment) of each finished path
+    queue = []  # paths to play: ("global", None) or ("fork", (prefix, ids, l))
+    if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
+        budget["leaves"] = 1
+        recs, ids, _, env = play([], [], 0, None, h_max, budget)
+        post = [r["entropy"] for k, r in enumerate(recs) if k > 0 and recs[k - 1]["tool_call"]]
+        h_tool = float(np.mean(post)) if post else h_root
+        n_global = global_count(M, h_root, h_tool, cfg.kappa, h_max)
+        leaves.append((recs, ids, env))
+        queue += [("global", None)] * (n_global - 1)
+    else:
+        queue += [("global", None)] * n_global
+    budget["leaves"] += len(queue)
+    h_init = None if cfg.rollout == "global" else h_root
+    while len(leaves) < M:
+        if not queue:  # every path ended under budget: fill with global samples
+            queue.append(("global", None))
+            budget["leaves"] += 1
+        kind, fork = queue.pop(0)
+        prefix, pids, l = ([], [], 0) if kind == "global" else fork
+        recs, ids, spawned, env = play(prefix, pids, l, h_init, h_max, budget)
+        leaves.append((recs, ids, env))
+        queue += [("fork", s) for s in spawned]
+    episodes, node_ids = [], []
+    for recs, ids, env in leaves:
+        ep = Episode([r["obs"] for r in recs], [r["action"] for r in recs],
+                     [r["reward"] for r in recs], [r["key"] for r in recs],
+                     [r["valid"] for r in recs], [r["info"] for r in recs], group_id=group_id,
+                     task=getattr(env, "task", None), action_ids=[r["action_id"] for r in recs])
+        if recs:
+            ep.final_observation = recs[-1]["obs_next"]
+            ep.next_state_key = recs[-1]["info"].get("state_key")
+            ep.truncated = not recs[-1]["done"] or bool(recs[-1]["info"].get("truncated", False))
+        ep.entropies = [r["entropy"] for r in recs]  # H(pi(.|k_t)) of each step, for the logs
+        episodes.append(ep)
+        node_ids.append(ids)
+    tool_nodes = {n for recs, ids, _ in leaves for r, n in zip(recs, ids) if r["tool_call"]}
+    return Tree(episodes, node_ids, len(tool_nodes), len(budget["fork_depths"]),
+                budget["fork_depths"], budget["fork_lineage"], n_global)
+
+
+def post_tool_mask(ep) -> np.ndarray:
+    """(T,) bool: the steps that follow a tool response (the previous step was a paid tool call)."""
+    m = np.zeros(len(ep), dtype=bool)
+    for t in range(1, len(ep)):
+        info = ep.infos[t - 1]
+        m[t] = bool(info.get("tool_call", False))
+    return m
+
+
+def tree_advantages(trees, cfg: ARPOConfig, h_max: float | None = None) -> list[np.ndarray]:
+    """Per-step advantages of every leaf of every tree: leaf GRPO advantages, attributed
+    (``cfg.attribution``), then AEPO's entropy weighting where ``cfg.gamma_h`` != 0 (dH of each step
+    against its tree's first-step entropy, in units of ``h_max``)."""
+    out = []
+    for tree in trees:
+        leaf = leaf_advantages([ep.ret for ep in tree.episodes])
+        adv = attribute(tree.node_ids, leaf, cfg.attribution)
+        if cfg.gamma_h != 0.0:
+            if h_max is None:
+                raise ValueError("gamma_h != 0 needs h_max (log of the number of actions)")
+            h0 = tree.episodes[0].entropies[0] if len(tree.episodes[0]) else 0.0
+            dh = [np.array([entropy_change(h, h0, h_max) for h in ep.entropies])
+                  for ep in tree.episodes]
+            adv = entropy_aware_advantages(adv, dh, cfg.gamma_h)
+        out += adv
+    return out
+
+
+def train(make_env, policy, cfg: ARPOConfig, train_seeds, eval_fn=None, log=None) -> list[dict]:
+    """Tabular ARPO / AEPO / GRPO (``cfg.rollout``): per update, ``num_prompts`` trees (tasks drawn
+    from ``train_seeds``), ``tree_advantages``, one ``agent_pg.update`` (PPO clip, turn-level mean
+    over all leaves' steps). Stops after ``num_iters`` updates or once ``max_tool_calls`` tool calls
+    were paid. Rows: iter, episodes, ``rollout/*`` (success, return, turns, tool_calls (this
+    batch), forks, num_global, entropy_first, entropy_post_tool), ``charts/tool_calls`` (cumulative),
+    ``losses/*``, ``eval/*`` (``eval_fn(policy)`` every eval_every updates, the first and the last).
+    """
+    rng = np.random.default_rng(cfg.seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    pg_cfg = agent_pg.AgentPGConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, num_epochs=cfg.num_epochs)
+    h_max = None
+    rows, paid, n_eps = [], 0, 0
+    for it in range(cfg.num_iters):
+        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+        trees = [tree_rollout(make_env, policy, int(s), cfg, rng, group_id=g)
+                 for g, s in enumerate(seeds)]
+        episodes = [ep for t in trees for ep in t.episodes]
+        if h_max is None:
+            h_max = math.log(policy.logits.shape[1])
+        adv = tree_advantages(trees, cfg, h_max)
+        metrics = agent_pg.update(policy, optimizer, episodes, adv, pg_cfg)
+        batch_calls = sum(t.tool_calls for t in trees)
+        paid += batch_calls
+        n_eps += len(episodes)
+        ents = np.concatenate([ep.entropies for ep in episodes if len(ep)])
+        post = np.concatenate([post_tool_mask(ep) for ep in episodes if len(ep)])
+        first = np.concatenate([np.arange(len(ep)) == 0 for ep in episodes if len(ep)])
+        row = {"iter": it + 1, "episodes": n_eps, **episode_stats(episodes, "rollout/"),
+               "rollout/tool_calls": batch_calls, "charts/tool_calls": paid,
+               "rollout/forks": float(np.mean([t.forks for t in trees])),
+               "rollout/num_global": float(np.mean([t.num_global for t in trees])),
+               "rollout/entropy_first": float(ents[first].mean()),
+               "rollout/entropy_post_tool": float(ents[post].mean()) if post.any() else float("nan"),
+               **metrics}
+        last = it + 1 == cfg.num_iters or (cfg.max_tool_calls is not None
+                                           and paid >= cfg.max_tool_calls)
+        agent_pg.close_row(row, it, cfg, eval_fn, policy, rows, log, last=last)
+        if last:
+            break
+    return rows
+
+
+# --- the LM rung: entropy after tool responses, and tree rollouts by prefix replay -------------------
+def is_paid_tool_call(info: dict) -> bool:
+    """A step that executed a tool: ``info['tool_call']`` where the environment says so, else a
+    valid call whose tool is not a reply to the user (answer, confirm)."""
+    if "tool_call" in info:
+        return bool(info["tool_call"])
+    return bool(info.get("valid")) and info.get("tool") not in (None, "answer", "confirm")
+
+
+def count_tool_calls(episodes) -> int:
+    """The tool calls paid by independent episodes (every step counted)."""
+    return sum(is_paid_tool_call(i) for ep in episodes for i in ep.infos)
+
+
+def lm_turn_entropies(model, episodes, k: int = 4) -> list[np.ndarray]:
+    """Per turn, the mean token entropy of the first ``k`` tokens of the LM's action (the paper
+    reads the first k tokens after each tool response), (T_i,) per episode; one teacher-forced
+    forward pass at temperature 1 (``rollout.episode_logps``)."""
+    from agentrl_lib.rollout import episode_logps
+
+    with torch.no_grad():
+        _, ents, _ = episode_logps(model, episodes)  # (B, N)
+    out = []
+    for i, ep in enumerate(episodes):
+        out.append(np.array([ents[i, s:min(e, s + k)].mean().item() for s, e in ep.turn_spans]))
+    return out
+
+
+def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig, k: int = 4,
+                    system_prompt: str | None = None):
+    """``sample(model) -> grpo.Batch`` with ARPO's tree rollouts for the LM loop (``grpo.train``).
+
+    Per task seed: ``tree_cfg.num_global`` (N) episodes by ``lm_rollout``; each post-tool turn's
+    first-k-token entropy H_t (``lm_turn_entropies``) against the mean first-turn entropy H_init of
+    the task's N episodes, dH_t = (H_t - H_init) / H_init (normalised by the start's entropy here:
+    log V is far above a trained LM's token entropies; inferred); the turns with
+    alpha + beta dH_t > tau fork Z partial rollouts, best score first, while the task has leaves
+    left of ``cfg.group_size`` (M); one level of forks (a fork does not fork again: simplified);
+    leftover leaves are global episodes. A fork copies its parent's conversation up to the turn
+    (tokens, masks and sampling log-probs), replays the parent's calls on a fresh environment
+    (``reset(seed)``; the replayed calls are not paid) and continues with the LM
+    (``rollout.fork_episode`` and ``rollout.lm_continue``, re-encoding the conversation each turn). Every leaf is a row of the task's
+    group: GRPO on the leaves is ARPO's soft attribution. Metrics add ``rollout/tool_calls`` (the
+    distinct calls paid), ``rollout/forks`` and ``rollout/leaves``. ``cfg.max_context`` caps the
+    conversations as in ``grpo.episode_sampler``."""
+    import random
+    import time
+
+    from agentrl_lib.algorithms.grpo import Batch
+    from agentrl_lib.rollout import (fork_episode, lm_continue, lm_rollout, model_device,
+                                     pad_episodes, token_generator)
+
+    rng = random.Random(cfg.seed)
+    made = []
+    max_context = getattr(cfg, "max_context", None)
+    M, N, Z = cfg.group_size, tree_cfg.num_global, tree_cfg.num_branches
+    if not 1 <= N <= M:
+        raise ValueError(f"num_global must be in 1..group_size, got {N}")
+
+    def sample(model) -> Batch:
+        t0 = time.perf_counter()
+        if not made:
+            made.append(token_generator(model, cfg.seed))
+        gen = made[0]
+        seeds = rng.sample(list(train_seeds), cfg.num_prompts)
+        eps = lm_rollout(model, tokenizer, make_env, seeds, N, cfg.max_turns, cfg.max_new_tokens,
+                         cfg.temperature, gen, system_prompt, max_context=max_context)
+        h = lm_turn_entropies(model, eps, k)
+        paid = count_tool_calls(eps)
+        forks, extra = [], []
+        for g, seed in enumerate(seeds):
+            members = [i for i, ep in enumerate(eps) if ep.group_id == g]
+            h_init = float(np.mean([h[i][0] for i in members if len(h[i])]))
+            cands = []
+            for i in members:
+                for t in range(1, len(eps[i])):
+                    if is_paid_tool_call(eps[i].infos[t - 1]):
+                        dh = (h[i][t] - h_init) / max(h_init, 1e-6)
+                        score = branch_score(dh, tree_cfg.alpha, tree_cfg.beta)
+                        if score > tree_cfg.tau:
+                            cands.append((score, i, t))
+            cands.sort(key=lambda c: -c[0])
+            room = M - N
+            for _, i, t in cands:
+                if room < Z:
+                    break
+                forks.append((g, seed, i, t))
+                room -= Z
+            extra += [(g, seed)] * room
+        new = []
+        by_t = defaultdict(list)
+        for g, seed, i, t in forks:
+            by_t[t] += [(g, seed, i)] * Z
+        for t, items in sorted(by_t.items()):
+            envs, branch = zip(*[fork_episode(make_env, eps[i], t, seed, g) for g, seed, i in items])
+            branch = list(branch)
+            lm_continue(model, tokenizer, list(envs), branch, cfg.max_turns - t, cfg.max_new_tokens,
+                        cfg.temperature, gen, system_prompt, max_context=max_context)
+            paid += sum(is_paid_tool_call(info) for ep in branch for info in ep.infos[t:])
+            new += branch
+        if extra:
+            more = lm_rollout(model, tokenizer, make_env, [s for _, s in extra], 1, cfg.max_turns,
+                              cfg.max_new_tokens, cfg.temperature, gen, system_prompt,
+                              max_context=max_context)
+            for ep, (g, _) in zip(more, extra):
+                ep.group_id = g
+            paid += count_tool_calls(more)
+            new += more
+        leaves = sorted(eps + new, key=lambda ep: ep.group_id)
+        t_gen = time.perf_counter() - t0
+        device = model_device(model)
+        seqs = pad_episodes(leaves, tokenizer.pad_token_id, device)
+        returns = torch.tensor([ep.ret for ep in leaves], dtype=torch.float32, device=device)
+        return Batch(seqs, returns, {"rollout/reward": float(np.mean([ep.ret for ep in leaves])),
+                                     **episode_stats(leaves, "rollout/"),
+                                     "rollout/tool_calls": paid, "rollout/forks": len(forks),
+                                     "rollout/leaves": len(leaves), "time/gen_s": t_gen},
+                     episodes=leaves)
+    return sample

@@ -1,0 +1,264 @@
+"""Dr. MAS: agent-wise advantage normalisation for multi-agent group RL (Feng, Zheng, He, Zhang, An
+2026, "Dr. MAS: Stable Reinforcement Learning for Multi-Agent LLM Systems", arXiv:2602.08847).
+
+Setting: K agents (roles) act in one episode; agent k's *sample* in episode i has reward R_{i,k}
+(its own reward: evidence for a searcher, correctness for an answerer). Episodes come in groups of
+G that share a task (GRPO's groups). Two ways to turn the rewards into advantages:
+
+- ``normalisation='global'`` (GRPO applied to the whole system): one baseline per group,
+  A_{i,k} = (R_{i,k} - mu_g) / (sigma_g + eps), with mu_g, sigma_g over *every* agent's samples in
+  the group.
+- ``normalisation='agent'`` (Dr. MAS): each agent against its own statistics,
+  A_{i,k} = (R_{i,k} - mu_{g,k}) / (sigma_{g,k} + eps), mu_{g,k}, sigma_{g,k} over agent k's samples
+  in the group.
+
+Why it matters (the paper's argument, written here in the form we check exactly): with population
+statistics, the mean squared advantage agent k receives under the global baseline is
+E_k[A^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 (``global_second_moment``), against 1 under
+agent-wise normalisation. An agent whose rewards sit far from the pooled mean, or whose spread is large or
+small against the pooled spread, receives advantages, and so policy gradients, of the wrong scale:
+the gradient-norm spikes Dr. MAS removes. The expected policy gradient sum_i A_i grad log pi also
+picks up a term (mu_k - mu)/sigma x sum_i grad log pi(a_i): zero in expectation, not in a sample.
+
+Conventions (inferred where the paper is silent, stated): agent k's reward in episode i, R_{i,k},
+is the sum of its turn rewards; a normalisation *sample* is one turn of agent k carrying R_{i,k}
+(``unit='turn'``, as the authors' code, verl's ``group_by_agent_id``, pools one score per agent
+step: an agent that acts more often weighs more in the global pool) or one (episode, agent) pair
+(``unit='episode'``); every turn of agent k in episode i gets its advantage. std with ddof=1,
+eps=1e-4, zero advantages for a pool of one or of all-equal rewards (``credit.group_normalise``, the
+project's GRPO convention; the authors' code uses torch.std, also ddof=1, and eps=1e-6).
+``norm_adv=False`` centres without dividing (Dr. GRPO).
+
+The loop ``train`` gives each agent its OWN policy and optimiser (separate parameters, as the
+paper's non-shared setting) and logs each agent's gradient norm before its step
+(``losses/grad_norm_<role>``); ``evaluate_at_k`` reports avg@k and pass@k.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agentrl_lib.algorithms import agent_pg
+from agentrl_lib.algorithms.agent_pg import grad_norm
+from agentrl_lib.algorithms.credit import group_normalise
+from agentrl_lib.rollout import Episode, play_episodes
+
+NORMALISATIONS = ("agent", "global")
+
+
+def turn_roles(ep, role_of=None) -> list:
+    """The role that acted at each turn: ``role_of(ep, t)``, default the state key's first field."""
+    role_of = role_of or (lambda e, t: e.state_keys[t][0])
+    return [role_of(ep, t) for t in range(len(ep))]
+
+
+def agent_rewards(episodes, roles, role_of=None) -> np.ndarray:
+    """R_{i,k}: the sum of agent k's turn rewards in episode i, (B, K); NaN where k never acted."""
+    out = np.full((len(episodes), len(roles)), np.nan)  # (B, K)
+    for i, ep in enumerate(episodes):
+        for r, role in zip(ep.rewards, turn_roles(ep, role_of)):
+            k = roles.index(role)
+            out[i, k] = (0.0 if np.isnan(out[i, k]) else out[i, k]) + float(r)
+    return out
+
+
+def normalise_rewards(rewards, group_ids, agent_ids, normalisation: str = "agent",
+                      norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4) -> np.ndarray:
+    """A of every sample, (N,) -> (N,): sample n has reward R_n, group g_n and agent k_n; each group
+    is normalised as one pool ('global') or per agent ('agent', Dr. MAS)."""
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    rewards = np.asarray(rewards, dtype=np.float64)  # (N,)
+    group_ids, agent_ids = np.asarray(group_ids), np.asarray(agent_ids)
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape or agent_ids.shape != rewards.shape:
+        raise ValueError("rewards, group_ids and agent_ids must be (N,) each, got shapes "
+                         f"{rewards.shape}, {group_ids.shape}, {agent_ids.shape}")
+    if np.isnan(rewards).any():
+        raise ValueError("rewards contain NaN")
+    pools = defaultdict(list)
+    for n, (g, k) in enumerate(zip(group_ids.tolist(), agent_ids.tolist())):
+        pools[(g,) if normalisation == "global" else (g, k)].append(n)
+    adv = np.zeros_like(rewards)  # (N,)
+    for idx in pools.values():
+        adv[idx] = group_normalise(rewards[idx], norm_adv, ddof, eps)
+    return adv
+
+
+def team_advantages(episodes, roles, normalisation: str = "agent", unit: str = "turn",
+                    norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
+                    role_of=None) -> list[np.ndarray]:
+    """Per-turn advantages, (T_i,) per episode, from the agents' rewards R_{i,k}
+    (``agent_rewards``). ``unit='turn'``: every turn of agent k in episode i is one sample with
+    reward R_{i,k} (the authors' code: one score per agent step, so an agent that acts more often
+    weighs more in a global pool); ``unit='episode'``: one sample per (episode, agent), broadcast to
+    that agent's turns. A ``credit_fn`` for ``grpo.train`` and the advantage of ``train``."""
+    if unit not in ("turn", "episode"):
+        raise ValueError(f"unit must be 'turn' or 'episode', got {unit!r}")
+    R = agent_rewards(episodes, roles, role_of)  # (B, K)
+    who = [[roles.index(w) for w in turn_roles(ep, role_of)] for ep in episodes]
+    if unit == "turn":
+        r = [R[i, k] for i, ks in enumerate(who) for k in ks]
+        g = [ep.group_id for ep, ks in zip(episodes, who) for _ in ks]
+        a = normalise_rewards(r, g, [k for ks in who for k in ks], normalisation, norm_adv,
+                              ddof, eps)
+        cuts = np.cumsum([len(ks) for ks in who])[:-1]
+        return [np.asarray(x, dtype=np.float64) for x in np.split(a, cuts)] if who else []
+    i_s, k_s = np.nonzero(~np.isnan(R))
+    a = normalise_rewards(R[i_s, k_s], [episodes[i].group_id for i in i_s], k_s, normalisation,
+                          norm_adv, ddof, eps)
+    A = np.zeros_like(R)
+    A[i_s, k_s] = a
+    return [np.array([A[i, k] for k in ks]) for i, ks in enumerate(who)]
+
+
+def global_second_moment(r_k: np.ndarray, r_all: np.ndarray) -> float:
+    """E_k[A^2] under the global baseline with population statistics:
+    (sigma_k^2 + (mu_k - mu)^2) / sigma^2, where (mu_k, sigma_k) are agent k's and (mu, sigma) the
+    pool's (every agent's samples). 1 for every agent under agent-wise normalisation."""
+    r_k, r_all = np.asarray(r_k, dtype=np.float64), np.asarray(r_all, dtype=np.float64)
+    if r_all.std() == 0:
+        raise ValueError("the pooled rewards are all equal: the global advantage is undefined")
+    return float((r_k.var() + (r_k.mean() - r_all.mean()) ** 2) / r_all.var())
+
+
+def avg_pass_at_k(success) -> tuple[float, float]:
+    """(avg@k, pass@k) of a (num_tasks, k) 0/1 table: the mean success of all k samples, and the
+    share of tasks with at least one success among its k samples."""
+    s = np.asarray(success, dtype=np.float64)
+    if s.ndim != 2 or s.shape[1] < 1:
+        raise ValueError(f"success must be (num_tasks, k) with k >= 1, got shape {s.shape}")
+    return float(s.mean()), float((s.max(axis=1) > 0).mean())
+
+
+def split_roles(episodes, roles, offsets: dict, role_of=None) -> dict:
+    """{role: [Episode, ...]}: each episode cut to that role's turns (state keys, rewards, actions),
+    its action ids shifted to the role's own menu (``offsets[role]``: its first global index)."""
+    out = {role: [] for role in roles}
+    for ep in episodes:
+        who = turn_roles(ep, role_of)
+        for role in roles:
+            ts = [t for t, w in enumerate(who) if w == role]
+            out[role].append(Episode(
+                observations=[ep.observations[t] for t in ts], actions=[ep.actions[t] for t in ts],
+                rewards=[ep.rewards[t] for t in ts], state_keys=[ep.state_keys[t] for t in ts],
+                valid=[ep.valid[t] for t in ts], infos=[ep.infos[t] for t in ts],
+                group_id=ep.group_id, task=ep.task,
+                action_ids=[ep.action_ids[t] - offsets[role] for t in ts]))
+    return out
+
+
+def team_act(policies: dict, greedy: bool = False):
+    """A ``play_episodes`` policy for a team env: each environment's current ``role`` acts with its
+    own policy (``policies[role]``, over ``env.actions_of(role)``); returns global action ids."""
+    def act(envs, observations):
+        out = [None] * len(envs)
+        for role, pol in policies.items():
+            idx = [j for j, e in enumerate(envs) if e.role == role]
+            if not idx:
+                continue
+            sub = [envs[j] for j in idx]
+            if greedy:
+                with torch.no_grad():
+                    a = pol.probs([e.state_key() for e in sub]).argmax(-1).tolist()
+            else:
+                a = pol.act(sub, [observations[j] for j in idx])
+            for j, aj in zip(idx, a):
+                out[j] = int(aj) + envs[j].action_offset(role)
+        return out
+    return act
+
+
+@dataclass
+class DrMASConfig:
+    num_iters: int = 50
+    """rollout batches"""
+    num_prompts: int = 8
+    """groups per batch (task seeds)"""
+    group_size: int = 8
+    """episodes per group (same task)"""
+    lr: float = 0.1
+    """Adam learning rate of every agent's policy"""
+    normalisation: str = "agent"
+    """'agent' (Dr. MAS) or 'global' (one GRPO baseline for the whole system)"""
+    unit: str = "turn"
+    """what one normalisation sample is: an agent's 'turn' (the authors' code) or its 'episode'"""
+    norm_adv: bool = True
+    """divide by the std (GRPO); False = mean-only"""
+    eval_every: int = 10
+    """iterations between eval_fn calls"""
+    seed: int = 0
+    """seed of the task draws (each policy has its own rng)"""
+
+    def __post_init__(self):
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, "
+                             f"got {self.normalisation!r}")
+
+
+def agent_loss(policy, episodes, advantages) -> torch.Tensor:
+    """L_k = -mean over agent k's turns of A_t log pi_k(a_t | s_t) (REINFORCE on the advantage)."""
+    adv = torch.as_tensor(np.concatenate([np.asarray(a, dtype=np.float64) for a in advantages]
+                                         or [np.zeros(0)]), dtype=torch.float64)  # (N,)
+    if adv.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, requires_grad=True)
+    return -(adv * policy.episode_logps(episodes)).mean()
+
+
+def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
+          log=None) -> list[dict]:
+    """Train one policy per role for ``cfg.num_iters`` batches. Per iteration: play groups with
+    ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, one Adam step per
+    agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
+    ``rollout/abs_adv_<role>``, ``rollout/mean_adv_<role>`` (the sign of a misfit baseline),
+    ``losses/grad_norm_<role>`` (before the step), ``losses/loss_<role>``, ``eval/*``."""
+    roles = tuple(policies)
+    probe = make_env()
+    offsets = {role: probe.action_offset(role) for role in roles}
+    rng = np.random.default_rng(cfg.seed)
+    optims = {role: torch.optim.Adam(p.parameters(), lr=cfg.lr) for role, p in policies.items()}
+    history, num_episodes = [], 0
+    for it in range(cfg.num_iters):
+        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+        episodes = play_episodes(make_env, team_act(policies), list(seeds), cfg.group_size)
+        num_episodes += len(episodes)
+        adv = team_advantages(episodes, roles, cfg.normalisation, cfg.unit, cfg.norm_adv)
+        split = split_roles(episodes, roles, offsets)
+        R = agent_rewards(episodes, roles)  # (B, K)
+        row = {"iter": it + 1, "episodes": num_episodes,
+               "rollout/success": float(np.mean([ep.success for ep in episodes]))}
+        for k, role in enumerate(roles):
+            who = [np.array(turn_roles(ep)) == role for ep in episodes]
+            adv_k = [a[m] for a, m in zip(adv, who)]
+            loss = agent_loss(policies[role], split[role], adv_k)
+            optims[role].zero_grad()
+            loss.backward()
+            row[f"losses/grad_norm_{role}"] = grad_norm(policies[role].parameters())
+            optims[role].step()
+            row[f"losses/loss_{role}"] = float(loss.detach())
+            row[f"rollout/reward_{role}"] = float(np.nanmean(R[:, k]))
+            flat = np.concatenate(adv_k) if adv_k else np.zeros(0)
+            row[f"rollout/abs_adv_{role}"] = float(np.abs(flat).mean()) if flat.size else 0.0
+            row[f"rollout/mean_adv_{role}"] = float(flat.mean()) if flat.size else 0.0
+        agent_pg.close_row(row, it, cfg, eval_fn, policies, history, log)
+    return history
+
+
+def evaluate_at_k(make_env, policies: dict, seeds, k: int = 8) -> dict:
+    """avg@k and pass@k (k sampled team episodes per task seed), the greedy team's success, and the
+    mean per-agent rewards of the sampled episodes."""
+    roles = tuple(policies)
+    episodes = play_episodes(make_env, team_act(policies), list(seeds), k)
+    by_group = defaultdict(list)
+    for ep in episodes:
+        by_group[ep.group_id].append(float(ep.success))
+    avg, pas = avg_pass_at_k([by_group[g] for g in sorted(by_group)])
+    greedy = play_episodes(make_env, team_act(policies, greedy=True), list(seeds), 1)
+    R = agent_rewards(episodes, roles)
+    out = {f"avg@{k}": avg, f"pass@{k}": pas,
+           "greedy_success": float(np.mean([ep.success for ep in greedy]))}
+    out.update({f"reward_{role}": float(np.nanmean(R[:, j])) for j, role in enumerate(roles)})
+    return out

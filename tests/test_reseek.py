@@ -1,0 +1,218 @@
+"""KGJudgeEnv (envs/kg_judge.py) and ReSeek's process rewards (algorithms/reseek.py): the reader,
+the JUDGE tool, the hard retriever, the menu, and the rewards/advantages/faithfulness by hand."""
+
+import numpy as np
+import pytest
+
+from agentrl_lib.algorithms import reseek
+from agentrl_lib.algorithms.credit import grpo_broadcast
+from agentrl_lib.envs.kg_judge import KGJudgeEnv, KGJudgeMenuEnv
+from agentrl_lib.envs.kg_search import KGSearchEnv
+from agentrl_lib.rollout import Episode, play_episodes
+
+KW = dict(num_entities=30, hops=(1, 2), max_turns=12)
+
+
+def first_seed(env, pred, limit=500):
+    for s in range(limit):
+        env.reset(s)
+        if pred(env):
+            return s
+    raise AssertionError("no seed found")
+
+
+def test_without_judge_equals_kg_search():
+    """judge=False, decoy_first=0: the same observations, rewards, done and validity."""
+    a, b = KGJudgeEnv(judge=False, **KW), KGSearchEnv(**KW)
+    rng = np.random.default_rng(0)
+    for seed in range(6):
+        oa, ob = a.reset(seed), b.reset(seed)
+        assert oa == ob and a.system_prompt == b.system_prompt
+        for t in range(10):
+            names = a.graph.names
+            pool = [f"search({names[int(rng.integers(30))]})", f"open(d{int(rng.integers(60))})",
+                    "judge(useless)", "open(x)", b.expert_actions()[0]]
+            act = pool[int(rng.integers(len(pool)))] if t % 2 else b.expert_actions()[0]
+            ra, rb = a.step(act), b.step(act)
+            assert ra[:3] == rb[:3] and ra[3]["valid"] == rb[3]["valid"]
+            if ra[2]:
+                break
+
+
+def test_reader_decoy_and_judge_replans():
+    env = KGJudgeEnv(judge=True, **KW)
+    seed = first_seed(env, lambda e: e.task["hops"] == 1 and e.task["grounded"])
+    e0, e1 = env.task["chain"]
+    name = env.graph.names[e0]
+    note = env.corpus.titles.index(f"Notes on {name}")
+    obs, r, done, info = env.step(f"open(d{note})")
+    decoy = next(w for w in obs.split() if w.strip(".,;") in env.entity_of_title
+                 and w.strip(".,;") != name).strip(".,;")
+    # the credulous reader takes the decoy's person as the next hop
+    assert info["opened_kind"] == "note" and env.believed == [e0, env.entity_of_title[decoy]]
+    assert info["advanced"] is (env.entity_of_title[decoy] == e1) and not info["fact_true"]
+    obs, r, done, info = env.step("judge(useless)")
+    assert info["valid"] and info["judge_truth"] == "useless" and info["rejected_doc"] == note
+    assert env.believed == [e0] and r == 0.0
+    # the re-plan never lists the rejected document again
+    obs, r, done, info = env.step(f"search({name})")
+    assert all(i != note for i, _ in env.last_results) and f"[d{note}]" not in obs
+    assert info["gold_retrieved"]
+    own = int(env.corpus.entity_doc[e0])
+    obs, r, done, info = env.step(f"open(d{own})")
+    assert info["opened_kind"] == "entity" and info["fact_true"] and info["advanced"]
+    assert env.believed == [e0, e1] and info["doc"] == own
+    obs, r, done, info = env.step("judge(useful)")
+    assert info["judge"] == info["judge_truth"] == "useful" and env.believed == [e0, e1]
+    obs, r, done, info = env.step(f"answer({env.graph.names[e1]})")
+    assert done and r == 1.0 and info["success"]
+    del seed
+
+
+def test_judge_malformed_calls():
+    env = KGJudgeEnv(judge=True, **KW)
+    env.reset(0)
+    obs, r, done, info = env.step("judge(useful)")  # nothing opened yet
+    assert not info["valid"] and "nothing to judge" in info["error"] and env.num_invalid == 1
+    own = int(env.corpus.entity_doc[env.task["chain"][0]])
+    env.step(f"open(d{own})")
+    obs, r, done, info = env.step("judge(maybe)")
+    assert not info["valid"] and env.num_invalid == 2
+    assert env.step("judge(useful)")[3]["valid"]
+    assert not env.step("judge(useful)")[3]["valid"]  # each open is judged once
+
+
+def test_misaligned_fact_is_not_factual():
+    env = KGJudgeEnv(judge=True, alignment=0.5, **KW)
+    first_seed(env, lambda e: not e.corpus.aligned[e.task["chain"][0], e.task["relations"][0]])
+    e0 = env.task["chain"][0]
+    info = env.step(f"open(d{int(env.corpus.entity_doc[e0])})")[3]
+    assert info["gold_retrieved"] and not info["fact_true"] and not info["advanced"]
+    assert len(env.believed) == 2 and env.believed[1] != env.task["chain"][1]  # the lie is read
+    assert env.step("judge(useful)")[3]["judge_truth"] == "useless"
+
+
+def test_decoy_first_ranks_the_distractor_above():
+    for p, want in [(0.0, 0), (1.0, 1)]:
+        env = KGJudgeEnv(judge=False, decoy_first=p, **KW)
+        for seed in range(5):
+            env.reset(seed)
+            name = env.graph.names[env.task["chain"][0]]
+            env.step(f"search({name})")
+            titles = [t for _, t in env.last_results]
+            if want:
+                assert titles.index(f"Notes on {name}") < titles.index(name)
+            else:
+                assert titles[0] == name
+
+
+def test_menu_expert_and_keys():
+    mk = lambda: KGJudgeMenuEnv(judge=True, decoy_first=0.5, **KW)  # noqa: E731
+    env = mk()
+    assert env.actions[-2:] == ["judge_useful", "judge_useless"]
+    assert KGJudgeMenuEnv(judge=False, **KW).actions == KGJudgeMenuEnv.BASE_ACTIONS
+
+    def expert(envs, obs):
+        return [e.actions.index(e.expert_actions()[0]) for e in envs]
+
+    eps = play_episodes(mk, expert, list(range(40)), 1)
+    for ep in eps:  # the expert answers right exactly when the chain is grounded
+        assert ep.success == ep.task["grounded"]
+    assert reseek.judge_accuracy(eps)[0] == 1.0
+    env.reset(3)
+    assert env.state_key() == (env.task["hops"], 0, False, None)
+    info = env.step("search_next")[3]
+    assert info["state_key"][2] and info["call"].startswith("search(")
+    with pytest.raises(ValueError):
+        env.step("fly")
+
+
+J_RIGHT_USEFUL = dict(tool="judge", judge="useful", judge_truth="useful")
+J_WRONG_USEFUL = dict(tool="judge", judge="useful", judge_truth="useless")
+ANSWER = dict(tool="answer")
+
+
+def j_useless(doc):
+    return dict(tool="judge", judge="useless", judge_truth="useless", rejected_doc=doc)
+
+
+def _ep(rewards, flags, group_id=0, gold=(5,)):
+    infos = []
+    for f in flags:
+        info = dict(fact_true=False, advanced=False, judge=None, judge_truth=None, valid=True,
+                    tool="search", gold_docs=list(gold), rejected_doc=None)
+        info.update(f)
+        infos.append(info)
+    return Episode.of(list(range(len(rewards))), rewards, group_id=group_id, infos=infos)
+
+
+def batch():
+    """Episode 1: open gold (c, u), judge it useful (right), answer right. Episode 2: open a note,
+    judge it useful (wrong), answer wrong. Episode 3: open a note, judge useless (right), open
+    gold (c, u), answer right."""
+    e1 = _ep([0, 0, 1], [dict(tool="open", doc=5, fact_true=True, advanced=True),
+                         J_RIGHT_USEFUL, ANSWER])
+    e2 = _ep([0, 0, 0], [dict(tool="open", doc=9),
+                         J_WRONG_USEFUL, ANSWER])
+    e3 = _ep([0, 0, 0, 1], [dict(tool="open", doc=9),
+                            j_useless(9),
+                            dict(tool="open", doc=5, fact_true=True, advanced=True), ANSWER])
+    return [e1, e2, e3]
+
+
+def test_process_rewards_by_hand():
+    r = reseek.process_rewards(batch(), w_correct=0.2, w_utility=0.3, w_judge=0.1)
+    assert np.allclose(r[0], [0.5, 0.1, 1.0])
+    assert np.allclose(r[1], [0.0, -0.1, 0.0])
+    assert np.allclose(r[2], [0.0, 0.1, 0.5, 1.0])
+    with pytest.raises(ValueError, match="fact_true"):
+        reseek.process_rewards([Episode.of(["s"], [1.0])])
+
+
+def test_advantages_episode_and_turn_by_hand():
+    eps = batch()
+    r = reseek.process_rewards(eps, 0.2, 0.3, 0.1)
+    tot = np.array([1.6, -0.1, 1.6])
+    z = (tot - tot.mean()) / (tot.std(ddof=1) + 1e-4)
+    a = reseek.reseek_advantages(eps, r, "episode")
+    assert all(np.allclose(x, np.full(len(e), zi)) for x, e, zi in zip(a, eps, z))
+    # turn: returns-to-go of all 10 turns normalised together
+    g = [np.array([1.6, 1.1, 1.0]), np.array([-0.1, -0.1, 0.0]), np.array([1.6, 1.6, 1.5, 1.0])]
+    flat = np.concatenate(g)
+    zt = (flat - flat.mean()) / (flat.std(ddof=1) + 1e-4)
+    a = reseek.reseek_advantages(eps, r, "turn")
+    assert np.allclose(np.concatenate(a), zt)
+    # outcome-only rewards in episode mode are GRPO
+    out = reseek.process_rewards(eps, 0.0, 0.0, 0.0)
+    assert all(np.allclose(x, y) for x, y in zip(reseek.reseek_advantages(eps, out),
+                                                 grpo_broadcast(eps)))
+
+
+def test_advantage_edge_cases():
+    eps = batch()
+    for e in eps:
+        e.group_id = 7
+    eq = [np.zeros(len(e)) for e in eps]
+    assert all(np.all(a == 0) for a in reseek.reseek_advantages(eps, eq, "turn"))
+    solo = batch()[:1]
+    assert np.all(reseek.reseek_advantages(solo, [np.array([1.0, 0.0, 2.0])], "episode")[0] == 0)
+    assert not np.all(reseek.reseek_advantages(solo, [np.array([1.0, 0.0, 2.0])], "turn")[0] == 0)
+    with pytest.raises(ValueError, match="mode"):
+        reseek.reseek_advantages(eps, eq, "token")
+    with pytest.raises(ValueError, match="turns got"):
+        reseek.reseek_advantages(eps, [np.zeros(1)] * 3)
+
+
+def test_path_faithfulness_by_hand():
+    e1, e2, e3 = batch()
+    assert reseek.path_faithfulness(e1) == 1.0
+    assert reseek.path_faithfulness(e2) == 0.0
+    assert reseek.path_faithfulness(e3) == 1.0  # the rejected note leaves the path
+    assert reseek.path_faithfulness(e3, kept_only=False) == 0.5
+    assert reseek.path_faithfulness(_ep([0], [dict(tool="answer")])) == 0.0
+    # re-opening a gold document and rejecting that second open keeps the first on the path
+    again = _ep([0, 0, 0, 1], [dict(tool="open", doc=5), dict(tool="open", doc=5),
+                               j_useless(5), ANSWER])
+    assert reseek.path_faithfulness(again) == 1.0
+    acc, n = reseek.judge_accuracy([e1, e2, e3])
+    assert n == 3 and acc == pytest.approx(2 / 3)
