@@ -65,8 +65,9 @@ def test_step_qualities_by_hand():
     assert q((1, 0, True), "search_other", (1, 0, False), s_) == slate.BAD  # an off-question query
     # every hop read: listing the answer entity's document is no progress
     assert q((1, 1, False), "search_next", (1, 1, True), s_) == slate.NEUTRAL
-    assert q((1, 1, False), "answer", (1, 1, False), {"tool": "answer", "success": True}) == slate.GOOD
-    assert q((1, 0, False), "answer", (1, 0, False), {"tool": "answer", "success": False}) == slate.BAD
+    right, wrong = {"tool": "answer", "success": True}, {"tool": "answer", "success": False}
+    assert q((1, 1, False), "answer", (1, 1, False), right) == slate.GOOD
+    assert q((1, 0, False), "answer", (1, 0, False), wrong) == slate.BAD
     assert q((1, 0, False), "open_top", (1, 0, False), {"tool": None, "valid": False}) == slate.BAD
     k = slate.kg_step_quality
     info = {"tool": "search", "valid": True, "gold_docs": [4, 9]}
@@ -98,7 +99,8 @@ def test_sibling_and_trajectory_advantages_by_hand():
     with pytest.raises(ValueError, match="same shape"):
         slate.sibling_advantages([1.0, 2.0], [0])
     eps = [Episode.of(["a", "b"], [0, 0], 0), Episode.of(["a"], [0], 0), Episode.of(["c"], [0], 1)]
-    adv = slate.trajectory_advantages(eps, [np.array([1.0, 0.0]), np.array([-1.0]), np.array([0.3])])
+    step_r = [np.array([1.0, 0.0]), np.array([-1.0]), np.array([0.3])]
+    adv = slate.trajectory_advantages(eps, step_r)
     z = 1 / (math.sqrt(2) + 1e-4)  # R = (1, -1): centred +-1, sample std sqrt(2)
     assert np.allclose(adv[0], [z, z]) and np.allclose(adv[1], [-z]) and np.allclose(adv[2], [0.0])
     with pytest.raises(ValueError, match="reward arrays"):
@@ -192,7 +194,9 @@ def test_lm_truncated_sampler_on_an_untrained_tiny_lm():
                 max_doc_chars=60, max_turns=3)
     make_env = lambda: KGSearchEnv(**game)  # noqa: E731
     cfg = GRPOConfig(num_prompts=2, group_size=3, max_turns=3, max_new_tokens=6, seed=0)
-    batch = slate.lm_truncated_sampler(tok, make_env, list(range(20)), cfg, NoisyJudge.at_noise(0.2))(model)
+    judge = NoisyJudge.at_noise(0.2)
+    sample = slate.lm_truncated_sampler(tok, make_env, list(range(20)), cfg, judge)
+    batch = sample(model)
     sib = batch.episodes
     points = batch.metrics["rollout/points"]
     assert len(sib) == 3 * points and batch.rewards.shape == (len(sib),)
@@ -211,6 +215,7 @@ def test_lm_truncated_sampler_on_an_untrained_tiny_lm():
         assert any(later[0].token_ids[:len(ep.token_ids)] == ep.token_ids for ep in first)
     adv = slate.lm_sibling_advantages(sib)
     r = np.array([ep.infos[0]["judge_reward"] for ep in sib])
-    assert np.allclose(np.concatenate(adv), slate.sibling_advantages(r, [ep.group_id for ep in sib]))
+    groups = [ep.group_id for ep in sib]
+    assert np.allclose(np.concatenate(adv), slate.sibling_advantages(r, groups))
     out = advantages(batch, cfg, credit_fn=slate.lm_sibling_advantages)  # the LM loop's step
     assert out.advantages.shape == batch.seqs.completion_ids.shape

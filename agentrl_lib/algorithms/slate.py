@@ -53,7 +53,7 @@ import numpy as np
 
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rewards.judges import NoisyJudge
-from agentrl_lib.rollout import Episode
+from agentrl_lib.rollout import Episode, record_step
 
 GOOD, NEUTRAL, BAD = 1.0, 0.5, 0.0
 """the oracle's ternary step qualities (the paper's +1 / 0 / -1 on the judge's [0, 1] scale)"""
@@ -91,7 +91,7 @@ def kg_step_quality(key_before, action: str, key_after, info: dict, observation:
     unread gold document; BAD for a wrong answer or an invalid call; NEUTRAL otherwise.
 
     >>> info = {"tool": "search", "valid": True, "gold_docs": [4, 9]}
-    >>> kg_step_quality((0, ()), "search(Talomir)", (0, ()), info, "Results: [d4] Talomir | [d7] Notes")
+    >>> kg_step_quality((0, ()), "search(Talomir)", (0, ()), info, "Results: [d4] Talomir | [d7] N")
     1.0
     """
     if info.get("tool") == "answer":
@@ -116,8 +116,8 @@ def episode_qualities(episodes, quality_fn=menu_step_quality) -> list[np.ndarray
     for ep in episodes:
         after = list(ep.state_keys[1:]) + [ep.next_state_key]
         obs = list(ep.observations[1:]) + [ep.final_observation]
-        out.append(np.array([quality_fn(ep.state_keys[t], ep.actions[t], after[t], ep.infos[t], obs[t])
-                             for t in range(len(ep))], dtype=float))
+        out.append(np.array([quality_fn(ep.state_keys[t], ep.actions[t], after[t], ep.infos[t],
+                                        obs[t]) for t in range(len(ep))], dtype=float))
     return out
 
 
@@ -129,7 +129,7 @@ def judge_step_rewards(quality, judge: NoisyJudge, rng: np.random.Generator) -> 
 
 
 def _partial_mean(mu: np.ndarray, sigma: float, a: float) -> np.ndarray:
-    """E[max(X - a, 0)] for X ~ N(mu, sigma^2) = (mu - a) Phi(z) + sigma phi(z), z = (mu - a)/sigma."""
+    """E[max(X - a, 0)], X ~ N(mu, sigma^2): (mu - a) Phi(z) + sigma phi(z), z = (mu - a)/sigma."""
     z = (mu - a) / sigma
     cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
@@ -229,18 +229,20 @@ def truncated_rollout(make_env, act, seeds, k: int, judge: NoisyJudge, rng: np.r
             acts = act(envs, obs)
             ends = []
             for e, o, key, a in zip(envs, obs, keys, acts):
-                text = e.actions[int(a)] if isinstance(a, (int, np.integer)) else a
-                o2, _, done, info = e.step(text)
-                q = quality_fn(key, text, info["state_key"], info, o2)
+                sib = Episode([o], [], [], [key], [], [], group_id=point,
+                              task=getattr(e, "task", None), action_ids=[])
+                running = record_step(sib, e, a)
+                if running:  # the state after the step is the next decision point's, not this one's
+                    sib.next_state_key = sib.state_keys.pop()
+                    sib.final_observation = sib.observations.pop()
+                    sib.truncated = True
+                q = quality_fn(key, sib.actions[0], sib.next_state_key, sib.infos[0],
+                               sib.final_observation)
                 rewards.append(float(judge_step_rewards(q, judge, rng)))
                 qualities.append(q)
-                batch.siblings.append(Episode(
-                    [o], [text], [0.0], [key], [bool(info["valid"])], [info], group_id=point,
-                    task=getattr(e, "task", None), final_observation=o2,
-                    next_state_key=info["state_key"], truncated=not done,
-                    action_ids=[int(a) if isinstance(a, (int, np.integer)) else None]))
-                ends.append((done, info))
-                hops = info.get("hops", hops)
+                batch.siblings.append(sib)
+                ends.append((not running, sib.infos[0]))
+                hops = sib.infos[0].get("hops", hops)
             j = int(rng.integers(k))
             prefix.append(acts[j])
             point += 1
@@ -360,7 +362,7 @@ def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu
     ``rollout/actions`` (sampled steps so far: the judge calls), ``rollout/points``."""
     import torch
 
-    from agentrl_lib.algorithms.agent_pg import update
+    from agentrl_lib.algorithms.agent_pg import close_row, update
 
     rng = np.random.default_rng(cfg.seed)
     judge_rng = np.random.default_rng([cfg.seed, 7])
@@ -378,12 +380,7 @@ def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu
                "rollout/turns": float(np.mean([c[0] for c in batch.chains])),
                "rollout/judge_reward": float(batch.rewards.mean()),
                "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))), **metrics}
-        if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0
-                                    or it + 1 == cfg.num_iters):
-            row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-        history.append(row)
-        if log is not None:
-            log.log(**row)
+        close_row(row, it, cfg, eval_fn, policy, history, log)
     return history
 
 
@@ -396,7 +393,7 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
     an environment restored at the prefix (``restore``) and a record holding the prefix's tokens
     (``rollout.text_episodes_to_tokens``: the conversation exactly as ``lm_rollout`` lays it out,
     loss mask 0), one LM turn generated for all of them from the whole conversation
-    (``rollout._play`` with one turn, no cache reuse); each call judged, one sibling drawn
+    (``rollout.lm_continue``, one turn); each call judged, one sibling drawn
     uniformly extends the prefix. The rows of the batch are the siblings (one trained turn each);
     the judged reward is in ``infos[0]["judge_reward"]`` for ``lm_sibling_advantages``."""
     import random
@@ -404,7 +401,7 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
     import torch
 
     from agentrl_lib.algorithms.grpo import Batch
-    from agentrl_lib.rollout import (_play, _system_prompt, model_device, observation_text,
+    from agentrl_lib.rollout import (_system_prompt, lm_continue, model_device, observation_text,
                                      pad_episodes, text_episodes_to_tokens, token_generator,
                                      token_ids)
 
@@ -443,9 +440,8 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
                         logps=[0.0] * len(prefix.token_ids), turn_spans=[]))
                     envs.append(env)
                 with torch.no_grad():
-                    _play(model, tokenizer, envs, records, 1, cfg.max_new_tokens,
-                          cfg.temperature, False, made[0], sys_prompt, reuse_cache=False,
-                          max_context=cfg.max_context)
+                    lm_continue(model, tokenizer, envs, records, 1, cfg.max_new_tokens,
+                                cfg.temperature, made[0], sys_prompt, max_context=cfg.max_context)
                 for rec in records:
                     q = quality_fn(rec.state_keys[0], rec.actions[0], rec.next_state_key,
                                    rec.infos[0], rec.final_observation)
