@@ -502,7 +502,7 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
     return episodes
 
 
-def _system_prompt(env, system_prompt):
+def resolve_system_prompt(env, system_prompt):
     """None: the environment's own ``system_prompt`` attribute (none when it has none); "" none."""
     return getattr(env, "system_prompt", None) if system_prompt is None else system_prompt
 
@@ -634,7 +634,7 @@ def lm_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1
     model.eval()
     envs, episodes = _new_episodes(make_env, seeds, group_size)
     return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
-                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers,
+                 generator, resolve_system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers,
                  max_context=max_context)
 
 
@@ -651,7 +651,7 @@ def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int 
             envs, eps = _new_episodes(make_env, [seed], 1)
             eps[0].group_id = gid
             out += _play(model, tokenizer, envs, eps, max_turns, max_new_tokens, temperature,
-                         greedy, generator, _system_prompt(envs[0], system_prompt),
+                         greedy, generator, resolve_system_prompt(envs[0], system_prompt),
                          reuse_cache=False, timers=timers)
     return out
 
@@ -695,7 +695,7 @@ def lm_continue(model, tokenizer, envs, episodes, max_turns: int | None, max_new
         raise ValueError(f"max_turns must be >= 1 (or None), got {max_turns}")
     model.eval()
     return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
-                 generator, _system_prompt(envs[0], system_prompt), reuse_cache=False,
+                 generator, resolve_system_prompt(envs[0], system_prompt), reuse_cache=False,
                  max_context=max_context)
 
 

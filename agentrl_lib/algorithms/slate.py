@@ -401,9 +401,9 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
     import torch
 
     from agentrl_lib.algorithms.grpo import Batch
-    from agentrl_lib.rollout import (_system_prompt, lm_continue, model_device, observation_text,
-                                     pad_episodes, text_episodes_to_tokens, token_generator,
-                                     token_ids)
+    from agentrl_lib.rollout import (lm_continue, model_device, observation_text, pad_episodes,
+                                     resolve_system_prompt, text_episodes_to_tokens,
+                                     token_generator, token_ids)
 
     if len(train_seeds) < cfg.num_prompts:
         raise ValueError(f"num_prompts={cfg.num_prompts} is more than the {len(train_seeds)} "
@@ -414,7 +414,7 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
         if not made:
             made.append(token_generator(model, cfg.seed))
         model.eval()
-        sys_prompt = _system_prompt(make_env(), system_prompt)
+        sys_prompt = resolve_system_prompt(make_env(), system_prompt)
         siblings, rewards, chains, point = [], [], [], 0
         for seed in rng.sample(list(train_seeds), cfg.num_prompts):
             actions, observations, success = [], None, False
