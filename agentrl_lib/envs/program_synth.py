@@ -1,0 +1,140 @@
+"""ProgramSynthTask: write a stack-language program (``stack_lang``) from input-output examples;
+the program is judged by unit tests run in the sandbox (``sandbox.run_python``), so a model's
+runaway program (an endless ``rep``, a stack of millions) fails its tests with a reason and never
+hangs or crashes the training run. The shared environment of issue 15's program-synthesis papers
+(B-Coder's value-based RL on off-policy programs, Step-Q's step-level Q annotations).
+
+**A task** (``task(seed)``): a target function drawn as a random straight-line reference program
+of ``min_len`` .. ``max_len`` tokens over x (no ``rep``), shown as ``num_shown`` examples
+"f(x) = y"; judged on ``num_tests`` unit tests (x in ``test_inputs``, shown examples included).
+
+**Human programs** (``human_programs``): the off-policy data B-Coder learns from. Per task, the
+reference, equivalent rewrites of it (``2 mul`` <-> ``dup add``, ``1 add`` <-> ``inc``, ...) and
+buggy variants (one token replaced, inserted or deleted), each with its pass rate on the tests: a
+data set of mixed quality, like programs scraped from people.
+
+**Judging** (``evaluate``): ``sandbox=True`` runs the interpreter and the program in a sandboxed
+process (cpu_s, memory_mb), all tests in one process; ``sandbox=False`` runs them here with the
+interpreter's step and stack limits (for trusted programs, ~1000x faster). Either way the result
+is (passed tests, total, reason) with reason 'ok', a stack error, or the sandbox's reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from agentrl_lib.envs import sandbox, stack_lang
+from agentrl_lib.envs.stack_lang import StackError
+
+_STRAIGHT = [t for t in stack_lang.TOKENS if t != "rep"]
+_REWRITES = [("2 mul", "dup add"), ("1 add", "inc"), ("1 sub", "dec"), ("0 swap sub", "neg"),
+             ("swap add", "add"), ("swap mul", "mul")]
+_INTERPRETER = inspect.getsource(stack_lang)
+
+
+class ProgramSynthTask:
+    """Programming by example in the stack language, judged by sandboxed unit tests."""
+
+    def __init__(self, min_len: int = 2, max_len: int = 5, num_shown: int = 3,
+                 test_inputs=(-3, -2, -1, 0, 1, 2, 3, 5), cpu_s: float = 1.0, memory_mb: int = 128,
+                 max_steps: int = 10_000, max_stack: int = 1000):
+        if not 1 <= min_len <= max_len:
+            raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+        if not 1 <= num_shown <= len(test_inputs):
+            raise ValueError(f"num_shown must be in 1..{len(test_inputs)}, got {num_shown}")
+        self.min_len, self.max_len, self.num_shown = int(min_len), int(max_len), int(num_shown)
+        self.test_inputs = tuple(int(x) for x in test_inputs)
+        self.cpu_s, self.memory_mb = cpu_s, memory_mb
+        self.max_steps, self.max_stack = max_steps, max_stack
+
+    def outputs(self, program: str):
+        """The program's outputs on the test inputs, in process; None if it fails on any."""
+        try:
+            return [stack_lang.run(program, x, self.max_steps, self.max_stack) for x in self.test_inputs]
+        except StackError:
+            return None
+
+    def reference(self, seed: int) -> str:
+        """A random straight-line program that runs on every test input, is neither constant nor
+        the identity, and has no token to spare (deleting any one changes its outputs)."""
+        rng = np.random.default_rng([int(seed), 11])
+        while True:
+            n = int(rng.integers(self.min_len, self.max_len + 1))
+            toks = [_STRAIGHT[int(i)] for i in rng.integers(len(_STRAIGHT), size=n)]
+            outs = self.outputs(" ".join(toks))
+            if outs is None or len(set(outs)) == 1 or outs == list(self.test_inputs):
+                continue
+            if all(self.outputs(" ".join(toks[:i] + toks[i + 1:])) != outs for i in range(n)):
+                return " ".join(toks)
+
+    def task(self, seed: int) -> dict:
+        """prompt (the shown examples), tests [(x, y)], the reference program."""
+        ref = self.reference(seed)
+        tests = [(x, stack_lang.run(ref, x)) for x in self.test_inputs]
+        shown = tests[:self.num_shown]
+        prompt = " ".join(f"f({x})={y}" for x, y in shown)
+        return {"seed": int(seed), "prompt": prompt, "tests": tests, "reference": ref}
+
+    def evaluate(self, program: str, tests, sandbox: bool = True) -> dict:
+        """passed, total, pass_rate and reason of ``program`` on ``tests`` (module docstring)."""
+        tests = [(int(x), int(y)) for x, y in tests]
+        if sandbox:
+            code = _INTERPRETER + (
+                "\nouts = []\nfor x in inputs['xs']:\n"
+                "    try:\n        outs.append(run(inputs['program'], x))\n"
+                "    except StackError as err:\n        outs.append(str(err))\n"
+                "result = outs\n")
+            res = _sandbox_run(code, {"program": str(program), "xs": [x for x, _ in tests]},
+                               self.cpu_s, self.memory_mb)
+            if not res.ok:
+                return {"passed": 0, "total": len(tests), "pass_rate": 0.0, "reason": res.reason,
+                        "error": res.error}
+            outs = res.value
+        else:
+            outs = []
+            for x, _ in tests:
+                try:
+                    outs.append(stack_lang.run(program, x, self.max_steps, self.max_stack))
+                except StackError as err:
+                    outs.append(str(err))
+        passed = sum(isinstance(o, int) and o == y for o, (_, y) in zip(outs, tests))
+        errors = [o for o in outs if isinstance(o, str)]
+        return {"passed": passed, "total": len(tests), "pass_rate": passed / max(len(tests), 1),
+                "reason": "ok" if not errors else "stack_error",
+                "error": errors[0] if errors else None}
+
+    def human_programs(self, seed: int, num_buggy: int = 4) -> list[tuple[str, float]]:
+        """[(program, pass rate)]: the reference, its equivalent rewrites, ``num_buggy`` one-token
+        mutants (replace, insert or delete), judged in process (module docstring)."""
+        t = self.task(seed)
+        ref = t["reference"]
+        progs = [ref]
+        for a, b in _REWRITES:
+            for old, new in ((a, b), (b, a)):
+                if f" {old} " in f" {ref} ":
+                    progs.append(f" {ref} ".replace(f" {old} ", f" {new} ", 1).strip())
+        rng = np.random.default_rng([int(seed), 12])
+        toks = ref.split()
+        for _ in range(num_buggy):
+            kind, i = int(rng.integers(3)), int(rng.integers(len(toks)))
+            new = list(toks)
+            tok = _STRAIGHT[int(rng.integers(len(_STRAIGHT)))]
+            if kind == 0:
+                new[i] = tok
+            elif kind == 1:
+                new.insert(i, tok)
+            elif len(new) > 1:
+                del new[i]
+            progs.append(" ".join(new))
+        out, seen = [], set()
+        for p in progs:
+            if p not in seen:
+                seen.add(p)
+                out.append((p, self.evaluate(p, t["tests"], sandbox=False)["pass_rate"]))
+        return out
+
+
+def _sandbox_run(code, inputs, cpu_s, memory_mb):
+    return sandbox.run_python(code, inputs, cpu_s=cpu_s, memory_mb=memory_mb)
