@@ -150,3 +150,13 @@ def test_anchor_share_is_where_gigpo_differs_from_grpo():
              if sizes[(ep.group_id, ep.state_keys[t])] == 1]
     assert all(gi[i][t] == gr[i][t] for i, t in alone)
     assert credit.anchor_share(eps) == pytest.approx(1 - len(alone) / 40)
+
+
+def test_group_normalise_turns_by_hand():
+    from agentrl_lib.rollout import Episode
+    eps = [Episode.of(["s"] * 2, [0.0, 0.0], group_id=0), Episode.of(["s"], [0.0], group_id=0),
+           Episode.of(["s"], [0.0], group_id=1)]
+    out = credit.group_normalise_turns(eps, [[1.0, 2.0], [3.0], [5.0]])
+    # group 0: values 1, 2, 3, mean 2, std (ddof 1) 1; group 1: one value -> 0
+    assert np.allclose(out[0], [-1 / (1 + 1e-4), 0]) and np.allclose(out[1], [1 / (1 + 1e-4)])
+    assert out[2].tolist() == [0.0]

@@ -84,28 +84,35 @@ def test_tool_sft_mask_is_the_tool_call():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_grpo_trainer_runs_through_environment_factory():
-    """Two real TRL optimizer steps on a tiny random model: TRL resets our environment with each
-    row's seed, and the environment's get_reward is a reward source logged under its class name."""
+def two_trl_steps(wrapper_cls, make, seeds, **kw):
+    """Two real TRL optimizer steps through environment_factory on a tiny random model, spying on
+    the seeds TRL resets ``wrapper_cls`` with. Returns (trainer, seeds seen)."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     model, tok = new_model("tiny-64", seed=0)
     ttok = trl_adapter.tool_tokenizer(tok)
     seeds_seen = []
-    orig_reset = tool_env.GridToolEnv.reset
+    orig_reset = wrapper_cls.reset
 
     def spy_reset(self, seed=None, **kw):
         seeds_seen.append(seed)
         return orig_reset(self, seed=seed, **kw)
 
-    tool_env.GridToolEnv.reset = spy_reset
+    wrapper_cls.reset = spy_reset
     try:
         cfg = GRPOConfig(num_prompts=1, group_size=2, num_iters=2, lr=1e-3, max_new_tokens=8,
                          max_turns=2)
-        trainer = trl_adapter.make_env_trainer(model, ttok, make_env, [11, 12, 13], cfg,
-                                               tempfile.mkdtemp(), max_completion_length=24)
+        trainer = trl_adapter.make_env_trainer(model, ttok, make, seeds, cfg, tempfile.mkdtemp(),
+                                               max_completion_length=24, **kw)
         trainer.train()
     finally:
-        tool_env.GridToolEnv.reset = orig_reset
+        wrapper_cls.reset = orig_reset
+    return trainer, seeds_seen
+
+
+def test_grpo_trainer_runs_through_environment_factory():
+    """Two real TRL optimizer steps on a tiny random model: TRL resets our environment with each
+    row's seed, and the environment's get_reward is a reward source logged under its class name."""
+    trainer, seeds_seen = two_trl_steps(tool_env.GridToolEnv, make_env, [11, 12, 13])
     assert trainer.state.global_step == 2
     rows = [r for r in trainer.state.log_history if "reward" in r]
     assert len(rows) == 2 and all("rewards/GridToolEnv/mean" in r for r in rows)
@@ -145,27 +152,9 @@ def test_grpo_trainer_runs_on_the_search_environment():
     """Two real TRL optimizer steps through environment_factory on KGSearchEnv: the three tools
     reach TRL's tool schema, TRL resets our environment with each row's seed, and the reward of
     KGToolEnv is logged under its class name."""
-    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    model, tok = new_model("tiny-64", seed=0)
-    ttok = trl_adapter.tool_tokenizer(tok)
-    seeds_seen = []
-    orig_reset = tool_env.KGToolEnv.reset
-
-    def spy_reset(self, seed=None, **kw):
-        seeds_seen.append(seed)
-        return orig_reset(self, seed=seed, **kw)
-
-    tool_env.KGToolEnv.reset = spy_reset
-    try:
-        cfg = GRPOConfig(num_prompts=1, group_size=2, num_iters=2, lr=1e-3, max_new_tokens=8,
-                         max_turns=2)
-        trainer = trl_adapter.make_env_trainer(model, ttok, make_kg_env, [21, 22, 23], cfg,
-                                               tempfile.mkdtemp(), max_completion_length=24,
-                                               instruction=tool_env.KG_INSTRUCTION,
-                                               wrapper=tool_env.KGToolEnv)
-        trainer.train()
-    finally:
-        tool_env.KGToolEnv.reset = orig_reset
+    trainer, seeds_seen = two_trl_steps(tool_env.KGToolEnv, make_kg_env, [21, 22, 23],
+                                        instruction=tool_env.KG_INSTRUCTION,
+                                        wrapper=tool_env.KGToolEnv)
     assert trainer.state.global_step == 2
     assert sorted(t.__name__ for t in trainer.tools) == ["answer", "open", "search"]
     rows = [r for r in trainer.state.log_history if "reward" in r]

@@ -54,6 +54,24 @@ def group_normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -
     return centred / (values.std(ddof=ddof) + eps) if norm_adv else centred
 
 
+def group_normalise_turns(episodes, turn_values, norm_adv: bool = True, ddof: int = 1,
+                          eps: float = 1e-4) -> list[np.ndarray]:
+    """Normalise per-turn values over all turns of each group's episodes jointly (groups:
+    ``ep.group_id``): list of (T_i,) -> list of (T_i,), ``group_normalise`` of the concatenation,
+    split back per episode (IGPO's turn rewards, ReSeek's turn-level returns)."""
+    groups: dict = {}
+    for i, ep in enumerate(episodes):
+        groups.setdefault(ep.group_id, []).append(i)
+    out = [np.zeros(len(v)) for v in turn_values]
+    for idx in groups.values():
+        z = group_normalise(np.concatenate([np.asarray(turn_values[i], float) for i in idx]),
+                            norm_adv, ddof, eps)
+        ends = np.cumsum([len(turn_values[i]) for i in idx])
+        for i, part in zip(idx, np.split(z, ends[:-1])):
+            out[i] = part
+    return out
+
+
 def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
                        eps: float = 1e-4) -> np.ndarray:
     """A^E_i: each episode's discounted return normalised within its group; (num_episodes,)."""

@@ -73,7 +73,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import group_normalise
+from agentrl_lib.algorithms.credit import group_normalise, group_normalise_turns
 
 LAST_TURN = ("outcome", "sum")
 HEADS = ("policy", "posterior")
@@ -146,14 +146,7 @@ def igpo_advantages(episodes, p_gold, gamma: float = 0.95, norm_adv: bool = True
     p_gold: per episode, p(gold | h_0..h_T), (T_i + 1,).
     """
     rewards = igpo_turn_rewards(episodes, p_gold, ig_weight, last_turn)
-    normed = [np.zeros(len(r)) for r in rewards]
-    for idx in _groups(episodes).values():
-        flat = np.concatenate([rewards[i] for i in idx]) if idx else np.zeros(0)
-        z = group_normalise(flat, norm_adv, ddof, eps)
-        start = 0
-        for i in idx:
-            normed[i] = z[start:start + len(rewards[i])]
-            start += len(rewards[i])
+    normed = group_normalise_turns(episodes, rewards, norm_adv, ddof, eps)
     return [_discounted_to_go(r, gamma) for r in normed]
 
 

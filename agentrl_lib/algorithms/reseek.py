@@ -33,7 +33,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import episode_returns_to_go, group_normalise
+from agentrl_lib.algorithms.credit import (episode_returns_to_go, group_normalise,
+                                          group_normalise_turns)
 
 MODES = ("episode", "turn")
 
@@ -96,14 +97,7 @@ def reseek_advantages(episodes, turn_rewards, mode: str = "episode", norm_adv: b
         return out
     proxies = [_Rewards(r) for r in turn_rewards]
     rtg = episode_returns_to_go(proxies, 1.0)
-    for idx in groups.values():
-        flat = np.concatenate([rtg[i] for i in idx]) if idx else np.zeros(0)
-        z = group_normalise(flat, norm_adv, ddof, eps)
-        pos = 0
-        for i in idx:
-            out[i] = z[pos:pos + len(rtg[i])]
-            pos += len(rtg[i])
-    return out
+    return group_normalise_turns(episodes, rtg, norm_adv, ddof, eps)
 
 
 class _Rewards:
