@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from agentrl_lib.envs.program_synth import program_reward
 from agentrl_lib.envs import text_tasks as tt
 from agentrl_lib.rewards import (
     chain_step_reward,
@@ -20,6 +21,13 @@ def test_reference_completions_earn_full_reward(task, difficulty):
     probs = tt.make_problems(task, 30, difficulty, strict=False)
     refs = [tt.reference_completion(p) for p in probs]
     cols = {k: [p.get(k) for p in probs] for k in probs[0]}
+    if task == "program":  # judged by its unit tests, not by string match: any right program passes
+        assert program_reward(refs, **cols) == [1.0] * len(probs)
+        wrong = [p["tests"][0][1] for p in probs]  # the first output as a constant program
+        assert program_reward([str(w) if 0 <= w <= 9 else "x" for w in wrong], **cols) == [0.0] * len(probs)
+        assert program_reward([f"{r} dup drop" for r in refs], **cols, sandbox=False) == [1.0] * len(probs)
+        assert all(len(r.split()) == difficulty for r in refs)
+        return
     assert correctness_reward(refs if task != "countdown" else [p["answer"] for p in probs],
                               **cols) == [1.0] * len(probs)
     if task == "countdown":

@@ -407,6 +407,7 @@ BASE_MODELS = {
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
     "chain-mix-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500,
                                 direct_fraction=0.5),
+    "prog-tiny": SFTConfig(size="tiny-64", task="program", difficulties=(2, 3, 4), steps=1500),
     "arith-small": SFTConfig(size="small-128", task="arithmetic", difficulties=(1, 2, 3),
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),

@@ -4,9 +4,10 @@ runaway program (an endless ``rep``, a stack of millions) fails its tests with a
 hangs or crashes the training run. The shared environment of issue 15's program-synthesis papers
 (B-Coder's value-based RL on off-policy programs, Step-Q's step-level Q annotations).
 
-**A task** (``task(seed)``): a target function drawn as a random straight-line reference program
-of ``min_len`` .. ``max_len`` tokens over x (no ``rep``), shown as ``num_shown`` examples
-"f(x) = y"; judged on ``num_tests`` unit tests (x in ``test_inputs``, shown examples included).
+**A task** (``task(seed)``): a target function whose shortest straight-line program (no ``rep``)
+has ``min_len`` .. ``max_len`` tokens (``minimal_programs`` enumerates them: 3 such functions of one
+token, 27 of two, 66 of three, 442 of four), shown as ``num_shown`` examples "f(x) = y" and judged
+on unit tests at every x of ``test_inputs`` (the shown examples included).
 
 **Human programs** (``human_programs``): the off-policy data B-Coder learns from. Per task, the
 reference, equivalent rewrites of it (``2 mul`` <-> ``dup add``, ``1 add`` <-> ``inc``, ...) and
@@ -21,7 +22,9 @@ is (passed tests, total, reason) with reason 'ok', a stack error, or the sandbox
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 
 import numpy as np
 
@@ -37,11 +40,12 @@ _INTERPRETER = inspect.getsource(stack_lang)
 class ProgramSynthTask:
     """Programming by example in the stack language, judged by sandboxed unit tests."""
 
-    def __init__(self, min_len: int = 2, max_len: int = 5, num_shown: int = 3,
-                 test_inputs=(-3, -2, -1, 0, 1, 2, 3, 5), cpu_s: float = 1.0, memory_mb: int = 128,
+    def __init__(self, min_len: int = 2, max_len: int = 4, num_shown: int = 4,
+                 test_inputs=(0, 1, 2, 3, -1, -2, 5, -3), cpu_s: float = 1.0, memory_mb: int = 128,
                  max_steps: int = 10_000, max_stack: int = 1000):
-        if not 1 <= min_len <= max_len:
-            raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+        if not 1 <= min_len <= max_len <= 5:
+            raise ValueError(f"need 1 <= min_len <= max_len <= 5 (programs are enumerated), got "
+                             f"{min_len}, {max_len}")
         if not 1 <= num_shown <= len(test_inputs):
             raise ValueError(f"num_shown must be in 1..{len(test_inputs)}, got {num_shown}")
         self.min_len, self.max_len, self.num_shown = int(min_len), int(max_len), int(num_shown)
@@ -57,17 +61,17 @@ class ProgramSynthTask:
             return None
 
     def reference(self, seed: int) -> str:
-        """A random straight-line program that runs on every test input, is neither constant nor
-        the identity, and has no token to spare (deleting any one changes its outputs)."""
+        """The task's target function as its shortest program (``minimal_programs``): a length
+        drawn uniformly in ``min_len`` .. ``max_len``, then a function uniformly among those whose
+        shortest program has that length (never a constant, never the identity)."""
+        table = minimal_programs(self.max_len, self.test_inputs)
+        lengths = [n for n in range(self.min_len, self.max_len + 1) if table.get(n)]
+        if not lengths:
+            raise ValueError(f"no non-constant function has a shortest program of "
+                             f"{self.min_len}..{self.max_len} tokens")
         rng = np.random.default_rng([int(seed), 11])
-        while True:
-            n = int(rng.integers(self.min_len, self.max_len + 1))
-            toks = [_STRAIGHT[int(i)] for i in rng.integers(len(_STRAIGHT), size=n)]
-            outs = self.outputs(" ".join(toks))
-            if outs is None or len(set(outs)) == 1 or outs == list(self.test_inputs):
-                continue
-            if all(self.outputs(" ".join(toks[:i] + toks[i + 1:])) != outs for i in range(n)):
-                return " ".join(toks)
+        progs = table[lengths[int(rng.integers(len(lengths)))]]
+        return progs[int(rng.integers(len(progs)))]
 
     def task(self, seed: int) -> dict:
         """prompt (the shown examples), tests [(x, y)], the reference program."""
@@ -134,6 +138,40 @@ class ProgramSynthTask:
                 seen.add(p)
                 out.append((p, self.evaluate(p, t["tests"], sandbox=False)["pass_rate"]))
         return out
+
+
+@functools.lru_cache(maxsize=8)
+def minimal_programs(max_len: int, test_inputs: tuple) -> dict[int, list[str]]:
+    """{n: programs}: every function of x that a straight-line program (no ``rep``) of at most
+    ``max_len`` tokens computes on ``test_inputs``, keyed by the length of its shortest program and
+    represented by the first shortest one in token order; constants and the identity left out.
+    Enumerated once per process: 20**n programs of each length n (about 2 s up to 4 tokens, 40 s
+    with 5)."""
+    seen, table = set(), {}
+    for n in range(1, max_len + 1):
+        for toks in itertools.product(_STRAIGHT, repeat=n):
+            try:
+                outs = tuple(stack_lang.run(" ".join(toks), x, 100, 100) for x in test_inputs)
+            except StackError:
+                continue
+            if outs in seen:
+                continue
+            seen.add(outs)
+            if len(set(outs)) > 1 and outs != tuple(test_inputs):
+                table.setdefault(n, []).append(" ".join(toks))
+    return table
+
+
+def program_reward(completions, tests, sandbox: bool = True, **kwargs) -> list[float]:
+    """1.0 when the completion (a program) passes every unit test of its task, else 0.0: the binary
+    test reward of B-Coder, in TRL's reward signature (``tests`` is the data set's column of
+    ``task(seed)["tests"]``). A model writes these programs, so they run in the sandbox by default."""
+    judge = ProgramSynthTask()
+    out = []
+    for c, t in zip(completions, tests):
+        text = c[-1]["content"] if isinstance(c, list) else str(c)
+        out.append(float(judge.evaluate(text.strip(), t, sandbox=sandbox)["pass_rate"] == 1.0))
+    return out
 
 
 def _sandbox_run(code, inputs, cpu_s, memory_mb):

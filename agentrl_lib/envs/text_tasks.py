@@ -3,6 +3,8 @@
 - ``arithmetic``: ``a+b=`` / ``a-b=`` / ``a*b=`` with operands of ``difficulty`` digits.
 - ``countdown``: reach a target with + - * over given numbers, each used at most once
   (the Countdown task of TinyZero-style RLVR, simplified to small numbers).
+- ``program``: programming by example in the stack language (``program_synth``): the prompt shows
+  f(x) = y, the answer is a program of ``difficulty`` tokens, judged by its unit tests.
 - ``chain``: a step-structured arithmetic chain ``start 3, +4, *2, -5``; ``difficulty`` is the
   number of steps, so the reasoning needed grows with it. Each step has an exact checker.
 
@@ -64,7 +66,18 @@ def _chain(rng: random.Random, difficulty: int) -> dict:
             "difficulty": difficulty, "steps": steps, "values": values}
 
 
-GENERATORS = {"arithmetic": _arithmetic, "countdown": _countdown, "chain": _chain}
+def _program(rng: random.Random, difficulty: int) -> dict:
+    """``program_synth.ProgramSynthTask``'s programming by example as a text task: the prompt shows
+    f(x) = y, the answer is a minimal reference program of ``difficulty`` tokens (one of several
+    right programs: judge with ``program_synth.program_reward``, which runs the tests)."""
+    from agentrl_lib.envs.program_synth import ProgramSynthTask
+    t = ProgramSynthTask(min_len=difficulty, max_len=difficulty).task(rng.randrange(2**31))
+    return {"prompt": t["prompt"], "answer": t["reference"], "tests": t["tests"], "task": "program",
+            "difficulty": difficulty, "seed": t["seed"]}
+
+
+GENERATORS = {"arithmetic": _arithmetic, "countdown": _countdown, "chain": _chain,
+              "program": _program}
 
 
 def make_problems(task: str, n: int, difficulty: int = 1, split: str = "train",
