@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from agentrl_lib.envs import AGENT_ENVS, make_agent_env
 from agentrl_lib.envs.calc_tool import CalcToolEnv
 from agentrl_lib.envs.multiturn import GridAgentEnv
+from agentrl_lib.envs.program_synth import ProgramSynthTask
 from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
@@ -114,11 +115,16 @@ class SFTConfig:
     folder) instead of a fresh ``size`` model"""
     device: str = "cpu"
     """where it is trained: 'cpu', or 'cuda' for the larger bases (refused without a GPU)"""
+    completions: str = "reference"
+    """what the model imitates: 'reference' (``text_tasks.reference_completion``), or 'human'
+    (program task only: every one of ``ProgramSynthTask.human_programs``, right and buggy alike,
+    so the base samples programs of mixed quality, like a code LM trained on people's code)"""
 
 
 # Fields added after FORMAT_VERSION 1 enter a config's identity (cache key, recorded config) only
 # when set, so checkpoints cached before they existed stay valid.
-_ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "cpu"}
+_ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "cpu",
+                 "completions": "reference"}
 
 
 def _identity(cfg) -> dict:
@@ -144,9 +150,17 @@ def task_examples(cfg: SFTConfig, tokenizer) -> list[tuple[list[int], list[int]]
     if cfg.direct_fraction and cfg.task != "chain":
         raise ValueError(f"direct_fraction is for the chain task (its reference has steps to "
                          f"skip), got task {cfg.task!r}")
+    if cfg.completions not in ("reference", "human"):
+        raise ValueError(f"completions must be 'reference' or 'human', got {cfg.completions!r}")
+    if cfg.completions == "human" and cfg.task != "program":
+        raise ValueError(f"completions='human' is for the program task, got task {cfg.task!r}")
     per = max(1, cfg.num_problems // len(cfg.difficulties))
     problems = [p for d in cfg.difficulties
                 for p in make_problems(cfg.task, per, d, "train", seed=cfg.seed, strict=False)]
+    if cfg.completions == "human":
+        return [chat_example(tokenizer, p["prompt"], prog) for p in problems
+                for prog, _ in ProgramSynthTask(p["difficulty"], p["difficulty"]).human_programs(
+                    p["seed"])]
     direct = random.Random(f"direct-{cfg.seed}")
     return [chat_example(tokenizer, p["prompt"], f"answer {p['answer']}"
                          if cfg.direct_fraction and direct.random() < cfg.direct_fraction
@@ -407,7 +421,8 @@ BASE_MODELS = {
     "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
     "chain-mix-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500,
                                 direct_fraction=0.5),
-    "prog-tiny": SFTConfig(size="tiny-64", task="program", difficulties=(2, 3, 4), steps=1500),
+    "prog-tiny": SFTConfig(size="tiny-64", task="program", difficulties=(2, 3, 4), steps=800,
+                           completions="human"),
     "arith-small": SFTConfig(size="small-128", task="arithmetic", difficulties=(1, 2, 3),
                              steps=3000, lr=1e-3),
     "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
