@@ -1,6 +1,7 @@
 # The two set-up commands of the README:
 #   make report   set up, sweep every notebook in the cpu profile (seeds 0-2, 2 at a time, resumable:
 #                 only missing runs run), build report/index.html
+#   make lab      (to learn) set up, fill the cache, open JupyterLab on notebooks/ (widgets work)
 #   make test     set up, fill the SFT base-model cache (from bases/, training only what is not shipped),
 #                 run the unit tests and execute
 #                 every notebook (ci profile) under nbval
@@ -16,7 +17,11 @@ SEEDS  ?= 0-2
 JOBS   ?= 2
 NOTEBOOKS ?= all
 
-.PHONY: setup test report clean-runs
+LAB_ARGS ?=
+# the SFT bases shipped in bases/ (the cache is filled from there, without training)
+BASES  := arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny
+
+.PHONY: setup test report lab clean-runs
 
 setup: $(STAMP)
 
@@ -27,12 +32,16 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(VENV)/bin/agentrl cache arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny --quiet
+	$(VENV)/bin/agentrl cache $(BASES) --quiet
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 report: setup
 	$(VENV)/bin/agentrl reproduce $(NOTEBOOKS) --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS); \
 	status=$$?; $(VENV)/bin/agentrl report; exit $$status
+
+lab: setup
+	$(VENV)/bin/agentrl cache $(BASES) --quiet
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean-runs:
 	rm -rf runs report

@@ -13,6 +13,7 @@ after another; a failure is reported and the others still run (the exit code is 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -97,8 +98,12 @@ def cmd_reproduce(args) -> int:
         grid = load_grid(grid_path, info) if grid_path else None
         points += plan(info, args.profile, seeds, grid, args.param, runs_root)
     if args.dry_run:
+        from agentrl_lib.pipeline.sweep import estimate, estimate_line
+
         for p in points:
             print(f"{p.label} -> {p.run_dir}")
+        jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(points) or 1))
+        print(estimate_line(estimate(points, root / "reproductions", jobs), jobs))
         return 0
     out = run_sweep(points, jobs=args.jobs, backend=args.backend, address=args.address,
                     cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run,
@@ -119,8 +124,9 @@ def cmd_report(args) -> int:
     out = Path(args.out) if args.out else root / "report"
     if not runs.is_dir():
         raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
-    info = build_report(runs, out)
-    print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs")
+    info = build_report(runs, out, notebooks=not args.no_notebooks)
+    print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs, "
+          f"{info['notebooks']} executed notebooks linked")
     print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")
     if args.publish:
         from agentrl_lib.pipeline.report import publish
@@ -205,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")
     p.add_argument("--out", help="output folder (default: <repo>/report)")
+    p.add_argument("--no-notebooks", action="store_true",
+                   help="do not render the executed notebooks to HTML (faster; no links)")
     p.add_argument("--publish", metavar="PROFILE", choices=PROFILES,
                    help="also write reproductions/RESULTS.md and per-notebook CSVs and figures "
                         "for this profile (the committed summaries)")

@@ -201,6 +201,15 @@ def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
     assert "mixed 1/2" in md  # seed 2 held, seed 3 did not; seed 1 failed before results
     html = (root / "report/index.html").read_text()
     assert "boom at the work cell" in html and "Toy" in html
+    # each run's executed notebook is linked as HTML and every relative link resolves
+    from agentrl_lib.pipeline.report import broken_links
+
+    page = root / "report/notebooks/ci/00_toy/seed2.html"
+    assert "href='notebooks/ci/00_toy/seed2.html'" in html and page.is_file()
+    assert "total is positive" in page.read_text()  # the executed cell's source is there
+    assert broken_links(root / "report/index.html") == []
+    (root / "report/index.html").write_text(html + "<a href='notebooks/missing.html'>x</a>")
+    assert broken_links(root / "report/index.html") == ["notebooks/missing.html"]
 
 
 def test_summarise_numbers():

@@ -138,3 +138,20 @@ def test_committed_grids_are_valid():
         info = nbs.load_notebook(root / "notebooks" / f"{g.parent.name}.ipynb", root)
         points = sweep.load_grid(g, info)
         assert points and all(sweep.plan(info, "cpu", [0], [p]) for p in points)
+
+
+def test_sweep_says_what_it_will_cost(tmp_path, monkeypatch, capsys):
+    root = make_repo(tmp_path)
+    monkeypatch.chdir(root)
+    info = toy_info(root)
+    points = sweep.plan(info, "cpu", [0, 1, 2], runs_root=root / "runs")
+    est = sweep.estimate(points, root / "reproductions", jobs=2)
+    assert est == {"runs": 3, "known_s": 0.0, "unknown": ["00_toy"], "eta_s": 0.0}
+    (root / "reproductions/00_toy/cpu_summary.csv").write_text(
+        "claim,wall_s\nc,40.0 ± 2\nd,40.0 ± 2\n")
+    assert sweep.committed_wall_s(root / "reproductions", "00_toy", "cpu") == 40.0
+    assert sweep.committed_wall_s(root / "reproductions", "00_toy", "gpu") is None
+    est = sweep.estimate(points, root / "reproductions", jobs=2)
+    assert est["known_s"] == 120.0 and est["eta_s"] == 60.0 and est["unknown"] == []
+    assert cli.main(["reproduce", "00", "--seeds", "0-2", "--jobs", "2", "--dry-run"]) == 0
+    assert "about to make 3 runs: about 1 min at 2 at a time" in capsys.readouterr().out

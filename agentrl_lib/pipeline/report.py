@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -369,10 +370,56 @@ def _figures(run_dirs: list[str]) -> list[tuple[str, str]]:
     return []
 
 
+def render_executed(results: list[dict], out_dir: Path) -> dict[tuple, list[tuple[str, str]]]:
+    """The executed notebook of every run, rendered by nbconvert into
+    ``<out_dir>/notebooks/<profile>/<notebook>[/<point>]/seed<S>.html`` (outputs and figures
+    embedded, so the page opens from disk with no server): the report is also the book of the
+    runs it reads. A page newer than its notebook is kept, so a second report renders only what
+    changed. Returns {(notebook, profile): [(label, path relative to out_dir)]}, seeds in order."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = None
+    links: dict[tuple, list[tuple[str, str]]] = defaultdict(list)
+    for r in sorted(results, key=lambda r: (r["notebook"], str(r.get("profile")),
+                                             r.get("point") or "", str(r.get("seed")))):
+        src = Path(r["_dir"]) / f"{r['notebook']}.ipynb"
+        if not src.is_file():
+            continue
+        point = r.get("point") or ""
+        rel = Path("notebooks") / str(r.get("profile", "?")) / r["notebook"]
+        rel = (rel / point if point else rel) / f"{Path(r['_dir']).name}.html"
+        dest = out_dir / rel
+        if not dest.is_file() or dest.stat().st_mtime < src.stat().st_mtime:
+            if exporter is None:
+                exporter = HTMLExporter(template_name="lab")
+            body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(body, encoding="utf-8")
+        label = (f"{point}, " if point else "") + f"seed {r.get('seed')}"
+        links[(r["notebook"], r.get("profile"))].append((label, rel.as_posix()))
+    return links
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links (href, src) of an HTML page that do not resolve to a file beside it;
+    data URIs, fragments and absolute URLs (http, https, mailto) are not checked."""
+    text = Path(page).read_text(encoding="utf-8")
+    bad = []
+    for target in re.findall(r"""(?:href|src)=['"]([^'"]+)['"]""", text):
+        if re.match(r"^(?:[a-z][a-z0-9+.-]*:|#)", target, flags=re.I):
+            continue
+        if not (Path(page).parent / html.unescape(target).split("#")[0]).exists():
+            bad.append(target)
+    return bad
+
+
 def render_html(rows: list[dict], results: list[dict], failures: list[dict],
-                curve_rows: list[dict] | None = None) -> str:
+                curve_rows: list[dict] | None = None,
+                executed: dict[tuple, list[tuple[str, str]]] | None = None) -> str:
     e = html.escape
     curve_rows = curve_rows or []
+    executed = executed or {}
     parts = [f"<!doctype html><meta charset='utf-8'><title>agentrl report</title><style>{_CSS}"
              "</style><h1>agentrl: reproduction report</h1>",
              f"<p class='small'>{len(results)} results from {len({r['notebook'] for r in results})}"
@@ -392,6 +439,11 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
         link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
                 else e(first["paper"] or ""))
         parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p><ul>")
+        for profile in sorted({r["profile"] for r in nb_rows}):
+            pages = executed.get((nb, profile), [])
+            if pages:
+                parts.append(f"<li>executed notebooks ({e(profile)}): " + " · ".join(
+                    f"<a href='{e(href)}'>{e(label)}</a>" for label, href in pages) + "</li>")
         parts.extend(f"<li>{e(prof)}{e(f' [{pt}]' if pt else '')}: {e(count_line(g))}</li>"
                      for (_, prof, pt), g in _by_group(nb_rows).items())
         parts.append("</ul>")
@@ -446,19 +498,24 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
     return "\n".join(parts)
 
 
-def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report") -> dict:
+def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
+                 notebooks: bool = True) -> dict:
+    """report/index.html (with links to every run's executed notebook as HTML unless
+    ``notebooks`` is False), summary.md, summary.json and curves.json from ``runs_root``."""
     runs_root, out_dir = Path(runs_root), Path(out_dir)
     results = collect(runs_root)
     rows = summarise(results)
     curve_rows = summarise_curves(results)
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
+    executed = render_executed(results, out_dir) if notebooks else {}
     (out_dir / "summary.md").write_text(markdown(rows, curve_rows))
-    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows))
+    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows, executed))
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
     (out_dir / "curves.json").write_text(json.dumps(curve_rows, indent=2, default=str))
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
-            "html": out_dir / "index.html", "markdown": out_dir / "summary.md"}
+            "html": out_dir / "index.html", "markdown": out_dir / "summary.md",
+            "notebooks": sum(map(len, executed.values()))}
 
 
 CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "margin",

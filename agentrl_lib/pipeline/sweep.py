@@ -141,6 +141,53 @@ def _ray_available():
         raise PipelineError("--backend ray needs the ray package: pip install 'ray[default]'") from None
 
 
+def committed_wall_s(repro_root: Path | str, notebook: str, profile: str) -> float | None:
+    """Mean wall seconds of one run of ``notebook`` in ``profile`` as published in
+    ``reproductions/<notebook>/<profile>_summary.csv`` ("205.7 ± 19" -> 205.7); None if the
+    profile was never published. Measured on the machine that published it, often with several
+    runs sharing its cores: a rough figure, not a promise."""
+    import csv
+
+    path = Path(repro_root) / notebook / f"{profile}_summary.csv"
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            m = re.match(r"\s*([0-9.]+)", row.get("wall_s") or "")
+            if m:
+                return float(m[1])
+    return None
+
+
+def estimate(points: list[Point], repro_root: Path | str, jobs: int) -> dict:
+    """What a sweep will cost before it starts: {'runs', 'known_s' (the committed wall times of
+    the runs that have one, summed), 'unknown' (notebooks with no published wall time), 'eta_s'
+    (known_s / jobs: the runs share the machine's cores as they did when their times were
+    measured)}."""
+    known, unknown = 0.0, set()
+    for p in points:
+        w = committed_wall_s(repro_root, p.notebook, p.profile)
+        if w is None:
+            unknown.add(p.notebook)
+        else:
+            known += w
+    return {"runs": len(points), "known_s": known, "unknown": sorted(unknown),
+            "eta_s": known / max(1, jobs)}
+
+
+def estimate_line(est: dict, jobs: int) -> str:
+    """One line saying what the sweep will cost.
+
+    >>> estimate_line({"runs": 6, "known_s": 1800.0, "unknown": ["70_x"], "eta_s": 900.0}, 2)
+    'about to make 6 runs: about 15 min at 2 at a time (from committed wall times; no record for 70_x)'
+    """
+    text = (f"about to make {est['runs']} runs: about {est['eta_s'] / 60:.0f} min at {jobs} at a "
+            f"time (from committed wall times")
+    if est["unknown"]:
+        text += "; no record for " + ", ".join(est["unknown"])
+    return text + ")"
+
+
 def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
               address: str | None = None, cell_timeout: int | None = 3600,
               gpus_per_run: float = 0.0, echo=print, rerun: bool = False) -> dict:
@@ -152,6 +199,9 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
     echo(f"sweep: {len(points)} points, {len(skipped)} already complete, {len(todo)} to run "
          f"({backend}, {jobs} at a time)")
+    if todo:
+        est = estimate(todo, repo_root(Path(todo[0].path).parent) / "reproductions", jobs)
+        echo(estimate_line(est, jobs))
     ok, failed = [], []
     t0 = time.time()
 
