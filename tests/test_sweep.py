@@ -154,4 +154,4 @@ def test_sweep_says_what_it_will_cost(tmp_path, monkeypatch, capsys):
     est = sweep.estimate(points, root / "reproductions", jobs=2)
     assert est["known_s"] == 120.0 and est["eta_s"] == 60.0 and est["unknown"] == []
     assert cli.main(["reproduce", "00", "--seeds", "0-2", "--jobs", "2", "--dry-run"]) == 0
-    assert "about to make 3 runs: about 1 min at 2 at a time" in capsys.readouterr().out
+    assert "3 runs to make: about 1 min at 2 at a time" in capsys.readouterr().out

@@ -178,10 +178,10 @@ def estimate(points: list[Point], repro_root: Path | str, jobs: int) -> dict:
 def estimate_line(est: dict, jobs: int) -> str:
     """One line saying what the sweep will cost.
 
-    >>> estimate_line({"runs": 6, "known_s": 1800.0, "unknown": ["70_x"], "eta_s": 900.0}, 2)
-    'about to make 6 runs: about 15 min at 2 at a time (from committed wall times; no record for 70_x)'
+    >>> estimate_line({"runs": 6, "known_s": 1800.0, "unknown": ["7_x"], "eta_s": 900.0}, 2)
+    '6 runs to make: about 15 min at 2 at a time (from committed wall times; no record for 7_x)'
     """
-    text = (f"about to make {est['runs']} runs: about {est['eta_s'] / 60:.0f} min at {jobs} at a "
+    text = (f"{est['runs']} runs to make: about {est['eta_s'] / 60:.0f} min at {jobs} at a "
             f"time (from committed wall times")
     if est["unknown"]:
         text += "; no record for " + ", ".join(est["unknown"])
