@@ -4,7 +4,7 @@
 #   make lab      (to learn) set up, fill the cache, open JupyterLab on notebooks/ (widgets work)
 #   make test     set up, fill the SFT base-model cache (from bases/, training only what is not shipped),
 #                 run the unit tests and execute
-#                 every notebook (ci profile) under nbval
+#                 every notebook (ci profile) under nbval; installs chromium for the browser tests
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
 # so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
 
@@ -21,7 +21,7 @@ LAB_ARGS ?=
 # the SFT bases shipped in bases/ (the cache is filled from there, without training)
 BASES  := arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny
 
-.PHONY: setup test report lab clean-runs
+.PHONY: setup browser test report lab clean-runs
 
 setup: $(STAMP)
 
@@ -31,7 +31,17 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[all]"
 	touch $(STAMP)
 
-test: setup
+# the browser tests (tests/test_browser.py) drive Debian's chromium: installed here when missing and
+# this is root with apt-get (CI); elsewhere they skip and say why
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver >/dev/null; \
+	  else echo "no chromium here (not root or no apt-get): the browser tests will skip"; fi; }
+
+test: setup browser
 	$(VENV)/bin/agentrl cache $(BASES) --quiet
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 

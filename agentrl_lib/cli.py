@@ -144,6 +144,8 @@ def cmd_cache(args) -> int:
     from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint
     from agentrl_lib.models.loading import install_folder
 
+    if args.quiet:
+        os.environ["AGENTRL_QUIET"] = "1"  # no progress bars (utils.progress)
     gpu = torch.cuda.is_available()
     if not gpu:
         torch.set_num_threads(1)  # tiny models: as fast as more threads when idle, faster when busy

@@ -11,6 +11,25 @@ from pathlib import Path
 import numpy as np
 
 
+def progress_enabled() -> bool:
+    """Whether loops show a progress bar: yes in JupyterLab and in a terminal; no when
+    ``AGENTRL_QUIET`` is set (``--quiet``), in CI (``CI`` set), or in a headless run
+    (``AGENTRL_HEADLESS``: papermill and nbval, whose output nobody watches live)."""
+    return not any(os.environ.get(k, "").lower() not in ("", "0", "false")
+                   for k in ("AGENTRL_QUIET", "CI", "AGENTRL_HEADLESS"))
+
+
+def progress(iterable=None, total: int | None = None, desc: str | None = None, **kwargs):
+    """``iterable`` wrapped in tqdm's notebook-aware bar (a widget in JupyterLab, text on stderr
+    in a terminal), or left plain when ``progress_enabled()`` is False. The bar is removed when
+    the loop ends (``leave=False``) unless asked otherwise, so a notebook keeps only its output."""
+    from tqdm.auto import tqdm
+
+    kwargs.setdefault("leave", False)
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(iterable, total=total, desc=desc, disable=not progress_enabled(), **kwargs)
+
+
 def set_seed(seed: int, deterministic: bool = True) -> None:
     """Seed python, numpy and torch (CPU and CUDA). With ``deterministic``, ask torch for
     deterministic kernels where it has them, so a CPU run with the same seed repeats exactly."""

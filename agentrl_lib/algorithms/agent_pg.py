@@ -40,7 +40,7 @@ import torch
 from agentrl_lib.algorithms import credit
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
-from agentrl_lib.utils import check_schedule, scheduled
+from agentrl_lib.utils import check_schedule, progress, scheduled
 
 ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae", "salt", "hgpo", "empg", "hiper")
 CRITIC_ESTIMATORS = ("turn_gae", "hiper")  # the loop fits its tabular critic for these
@@ -203,7 +203,7 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     critic: dict = {}
     history, num_episodes = [], 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="agent_pg"):
         seeds = (train_seeds(it, rng, cfg.num_prompts) if callable(train_seeds)
                  else rng.choice(np.asarray(train_seeds), size=cfg.num_prompts))
         max_turns = cfg.max_turns_at(it)

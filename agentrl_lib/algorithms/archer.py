@@ -44,7 +44,7 @@ from torch import nn
 
 from agentrl_lib.algorithms import agent_pg, credit
 from agentrl_lib.rollout import episode_stats, play_episodes
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 Tensor = torch.Tensor
 
@@ -451,7 +451,7 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
             return policy.probs(keys)
 
     history, num_episodes = [], 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="archer"):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.episodes_per_iter)
         episodes = play_episodes(make_env, policy.act, [int(s) for s in seeds], 1)
         num_episodes += len(episodes)

@@ -65,6 +65,7 @@ import torch
 
 from agentrl_lib.algorithms import agent_pg, credit
 from agentrl_lib.rollout import Episode, episode_stats
+from agentrl_lib.utils import progress
 
 ROLLOUTS = ("global", "arpo", "aepo")
 ATTRIBUTIONS = ("soft", "hard")
@@ -389,7 +390,7 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, eval_fn=None, log=None
     pg_cfg = agent_pg.AgentPGConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, num_epochs=cfg.num_epochs)
     h_max = None
     rows, paid, n_eps = [], 0, 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="arpo"):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
         trees = [tree_rollout(make_env, policy, int(s), cfg, rng, group_id=g)
                  for g, s in enumerate(seeds)]

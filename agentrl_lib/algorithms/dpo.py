@@ -45,6 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl_lib.utils import progress
+
 Tensor = torch.Tensor
 
 LOSS_TYPES = ("sigmoid", "ipo", "inpo")
@@ -174,7 +176,7 @@ def train(parameters, pair_logps, num_pairs: int, cfg: DPOConfig, ref_chosen_log
     history, step = [], 0
     if evaluate is not None:
         history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
-    for epoch in range(cfg.num_epochs):
+    for epoch in progress(range(cfg.num_epochs), desc="dpo epochs"):
         order = torch.randperm(num_pairs, generator=gen, device="cpu") if cfg.shuffle else \
             torch.arange(num_pairs, device="cpu")  # host-side batch indices
         for start in range(0, num_pairs, cfg.batch_size):

@@ -46,6 +46,7 @@ from agentrl_lib.algorithms import agent_pg
 from agentrl_lib.algorithms.agent_pg import grad_norm
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rollout import Episode, play_episodes
+from agentrl_lib.utils import progress
 
 NORMALISATIONS = ("agent", "global")
 
@@ -221,7 +222,7 @@ def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
     rng = np.random.default_rng(cfg.seed)
     optims = {role: torch.optim.Adam(p.parameters(), lr=cfg.lr) for role, p in policies.items()}
     history, num_episodes = [], 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="dr_mas"):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
         episodes = play_episodes(make_env, team_act(policies), list(seeds), cfg.group_size)
         num_episodes += len(episodes)

@@ -81,7 +81,7 @@ from agentrl_lib import core
 from agentrl_lib.algorithms import credit
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
-from agentrl_lib.utils import check_schedule, scheduled
+from agentrl_lib.utils import check_schedule, progress, scheduled
 
 Tensor = torch.Tensor
 TURN_ESTIMATORS = ("grpo", "gigpo", "salt", "hgpo")
@@ -478,7 +478,7 @@ def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=Non
     the shaped reward). ``evaluate(model) -> dict`` goes in under ``eval/``; ``logger`` is a
     ``utils.MetricsLogger``; ``on_step(row)`` is called after each update. Returns the rows."""
     rows = []
-    for it in range(num_iters + 1):
+    for it in progress(range(num_iters + 1), desc="updates"):
         row = {"iter": it}
         if evaluate is not None and (it % eval_every == 0 or it == num_iters):
             t0 = time.perf_counter()

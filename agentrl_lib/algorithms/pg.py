@@ -43,7 +43,7 @@ from agentrl_lib.core import ESTIMATORS as ALL_ESTIMATORS
 from agentrl_lib.core import group_advantages, masked_mean
 from agentrl_lib.envs.token_tree import TokenTreeMDP
 from agentrl_lib.models.policies import PromptSetPolicy
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 Tensor = torch.Tensor
 # the estimators of eq. (1) analysed here (``core.group_advantages`` computes them all; Lite-PPO's
@@ -266,7 +266,7 @@ def train_pg(trees: list[TokenTreeMDP], cfg: PGConfig) -> dict:
     with torch.no_grad():
         per_prompt = [expected_rewards(reward, policy.probs())]
     rows = []
-    for _ in range(cfg.num_iters):
+    for _ in progress(range(cfg.num_iters), desc="pg"):
         with torch.no_grad():
             tokens, nodes, r = sample_responses(reward, policy.probs(), cfg.group_size, gen)
         r = r + cfg.reward_shift  # (B, G)

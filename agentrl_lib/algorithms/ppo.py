@@ -51,7 +51,7 @@ import torch
 
 from agentrl_lib import core
 from agentrl_lib.models.policies import ActorCritic
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 Tensor = torch.Tensor
 
@@ -308,7 +308,7 @@ def _train(cfg, make_env, agent, on_iteration):
     obs_np, _ = envs.reset(seed=cfg.seed)
     envs.action_space.seed(cfg.seed)
     obs = torch.as_tensor(obs_np, dtype=torch.float32, device=dev).reshape(N, obs_dim)
-    for iteration in range(1, cfg.num_iters + 1):
+    for iteration in progress(range(1, cfg.num_iters + 1), desc="ppo"):
         frac = 1.0 - (iteration - 1.0) / cfg.num_iters  # CleanRL: 1 at the start, -> 0
         lr_now = frac * cfg.lr if cfg.anneal_lr else cfg.lr
         optimizer.param_groups[0]["lr"] = lr_now

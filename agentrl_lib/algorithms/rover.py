@@ -38,7 +38,7 @@ import torch
 from agentrl_lib import core
 from agentrl_lib.envs.token_tree import TokenTreeMDP, leaf_distribution
 from agentrl_lib.models.policies import TabularTreePolicy
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 Tensor = torch.Tensor
 
@@ -252,7 +252,7 @@ def train_tree(tree: TokenTreeMDP, cfg: TreeRLConfig,
         history.append({"iter": it, "samples": it * G, **{f"eval/{k}": m[k] for k in (
             "pass@1", "distinct_expected", "entropy_correct")}})
 
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="rover"):
         if it % cfg.eval_every == 0:
             log(it)
         with torch.no_grad():

@@ -43,7 +43,7 @@ from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, l
 from agentrl_lib.models.tiny_lm import SIZES, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, model_device, pad_examples, \
     play_episodes, text_episodes_to_tokens
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 FORMAT_VERSION = 1
 
@@ -75,7 +75,7 @@ def fit(model, next_batch, loss_fn, steps: int, lr: float, weight_decay: float =
             1 + math.cos(math.pi * min(1.0, s / max(steps, 1)))))
     history = []
     model.train()
-    for step in range(steps):
+    for step in progress(range(steps), desc=label):
         loss = loss_fn(next_batch(step))
         optimizer_step(opt, loss, max_grad_norm)
         if sched is not None:

@@ -54,6 +54,7 @@ import numpy as np
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rewards.judges import NoisyJudge
 from agentrl_lib.rollout import Episode, record_step
+from agentrl_lib.utils import progress
 
 GOOD, NEUTRAL, BAD = 1.0, 0.5, 0.0
 """the oracle's ternary step qualities (the paper's +1 / 0 / -1 on the judge's [0, 1] scale)"""
@@ -368,7 +369,7 @@ def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu
     judge_rng = np.random.default_rng([cfg.seed, 7])
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     history, actions = [], 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="slate"):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
         batch = truncated_rollout(make_env, policy.act, list(seeds), cfg.group_size, judge,
                                   judge_rng, quality_fn, cfg.max_turns_at(it))

@@ -51,6 +51,7 @@ import torch
 from agentrl_lib.algorithms import agent_pg, credit
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig
 from agentrl_lib.rollout import Episode, episode_stats, play_episodes, record_step
+from agentrl_lib.utils import progress
 
 SAMPLERS = ("tree", "iid")
 ADVANTAGES = ("process", "outcome")
@@ -254,7 +255,7 @@ def train(make_env, policy, cfg: AgentPGConfig, tree: TreePSConfig, train_seeds,
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     history, num_episodes, num_calls = [], 0, 0
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="treeps"):
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
         max_turns = cfg.max_turns_at(it)
         batch = sample(make_env, policy.act, list(seeds), tree, max_turns)
