@@ -157,7 +157,9 @@ def mcts(env, task, rollout_policy, cfg: StepQConfig, rng: np.random.Generator) 
     task = tuple(task)
     A = len(env.actions)
     start = ("search", None, None, None, None)
-    tree: dict = {}  # (turn, state) -> {"state", "turn", "N", "n": (A,), "w": (A,), "order", "step"}
+    # (turn, state) -> state, turn, N, n (A,), w (A,), order (untried children), allowed (the
+    # children), step (the cached transition of each tried action)
+    tree: dict = {}
 
     def node(state, turn):
         if (turn, state) not in tree:
