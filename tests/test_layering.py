@@ -9,7 +9,7 @@ makes no cycle:
     rollout                   sequences, masks, log-probs, episodes
     algorithms                one file per family, SFT, the exact DP solvers, the TRL adapter
     analysis                  tools over algorithms' outputs (arena, ablation)
-    pipeline | plotting       runs, results, report; figures (siblings)
+    pipeline | plotting | exercises   runs, results, report; figures; checked exercises
     cli                       the agentrl command
 
 Every import statement counts, including those inside functions.
@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "agentrl_lib"
 LAYERS = [("core", "utils", "rewards"), ("envs", "models"), ("rollout",), ("algorithms",),
-          ("analysis",), ("pipeline", "plotting"), ("cli",)]
+          ("analysis",), ("pipeline", "plotting", "exercises"), ("cli",)]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 
