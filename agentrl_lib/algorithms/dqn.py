@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from agentrl_lib.algorithms import dp
 from agentrl_lib.algorithms import value_targets as vt
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 ESTIMATORS = vt.KINDS  # ('mse', 'two_hot', 'hl_gauss')
 
@@ -222,7 +222,7 @@ def train(env, cfg: DQNConfig, encode, evaluate=None, logger=None):
     opt = torch.optim.Adam(qnet.parameters(), lr=cfg.lr)
     buf = ReplayBuffer(cfg.buffer_size, len(x))
     pending, rows, episodes, ep_ret, metrics = [], [], 0, 0.0, {}
-    for it in range(1, cfg.num_iters + 1):
+    for it in progress(range(1, cfg.num_iters + 1), desc="dqn"):
         eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * max(
             0.0, 1 - (it - 1) / max(1.0, cfg.eps_frac * cfg.num_iters))
         if rng.random() < eps:
