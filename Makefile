@@ -27,7 +27,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(VENV)/bin/agentrl cache arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny --quiet
+	$(VENV)/bin/agentrl cache arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny prog-tiny --quiet
 	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 report: setup
