@@ -28,10 +28,12 @@ carry over to a 0.1M-parameter character LM; all are marked *inferred*):
 - **Decoding from Q**: greedy argmax_a Q(s, a) is the greedy token of the Q-net's LM part (alpha > 0
   and V do not change the argmax), so ``rollout.generate(greedy=True)`` on ``QNet.lm`` decodes from
   Q; sampling softmax(Q / alpha) is sampling the LM part at temperature 1.
-- **Q-reranking** (``rerank_scores``): of N sampled programs, keep the one whose last action has the
-  highest Q, Q(s_{T-1}, eos): the learned estimate of that very program's test verdict (inferred:
+- **Q-reranking** (``rerank_scores``): of N sampled programs, keep the one with the highest score:
+  ``reduce='min'``, the worst step min_t Q(s_t, a_t) (a perfect Q is 1 on every step of a right
+  program and 0 from the first step after which none can follow), or ``reduce='last'``, the Q of
+  the last action Q(s_{T-1}, eos), the learned estimate of that very program's verdict (inferred:
   the paper ranks with its learned Q combined with the LM; the first state's value V(s_0) is the
-  same for every sample and cannot rank).
+  same for every sample and cannot rank). Notebook 71 uses 'min' (chosen in exploration, post hoc).
 """
 
 from __future__ import annotations
@@ -200,9 +202,10 @@ def train(qnet: QNet, examples, rewards: list[float], cfg: BCoderConfig, pad_id:
 @torch.no_grad()
 def rerank_scores(qnet: QNet, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                   completion_mask: Tensor, reduce: str = "last") -> Tensor:
-    """Q(s_{T-1}, a_T) of each sampled program: the Q-value of its last action (the end-of-
-    sequence token), the learned estimate of its test verdict. Inputs as ``rollout.Generation``
-    (prompt left-padded (B, P), completion right-padded (B, T)); returns (B,)."""
+    """The rerank score of each sampled program: 'last', Q(s_{T-1}, a_T), the Q-value of its last
+    action (the end-of-sequence token), the learned estimate of its test verdict; 'min', the
+    lowest Q(s_t, a_t) over its tokens. Inputs as ``rollout.Generation`` (prompt left-padded
+    (B, P), completion right-padded (B, T)); returns (B,)."""
     ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     q, _ = qnet(ids, attn, pos)  # (B, P+T, V)
     P = prompt_ids.shape[1]
