@@ -47,7 +47,7 @@ from torch import Tensor
 
 from agentrl_lib.core import masked_mean
 from agentrl_lib.rollout import join_sequences, model_device, pad_examples
-from agentrl_lib.utils import optimizer_step
+from agentrl_lib.utils import optimizer_step, progress
 
 
 @dataclass
@@ -185,7 +185,7 @@ def train(qnet: QNet, examples, rewards: list[float], cfg: BCoderConfig, pad_id:
     r = torch.tensor(rewards, dtype=torch.float)
     history = []
     qnet.train()
-    for it in range(cfg.num_iters):
+    for it in progress(range(cfg.num_iters), desc="bcoder"):
         if it % cfg.target_every == 0:
             target.load_state_dict(qnet.state_dict())
         idx = torch.randint(len(examples), (min(cfg.batch_size, len(examples)),), generator=gen)
