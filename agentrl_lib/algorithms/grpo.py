@@ -317,7 +317,7 @@ class Batch:
     """the constant of 'const_norm' (the completion budget); None: T"""
 
 
-def _draws(population, cfg, what: str):
+def sampler_generators(population, cfg, what: str):
     """The two generators of a sampler, seeded by ``cfg.seed``: which prompts (python's random)
     and which tokens (``tokens(model)``: a torch generator made on the model's device at the first
     call, ``rollout.token_generator``)."""
@@ -337,7 +337,7 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
     """``sample(model) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
     generate ``cfg.group_size`` completions of each at ``cfg.temperature`` within
     ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``."""
-    rng, tokens = _draws(train_problems, cfg, "problems")
+    rng, tokens = sampler_generators(train_problems, cfg, "problems")
 
     def sample(model) -> Batch:
         t0 = time.time()
@@ -360,7 +360,7 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
     play ``cfg.group_size`` episodes of each with ``rollout.lm_rollout`` (at most ``cfg.max_turns``
     turns of ``cfg.max_new_tokens`` tokens). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
-    rng, tokens = _draws(train_seeds, cfg, "task seeds")
+    rng, tokens = sampler_generators(train_seeds, cfg, "task seeds")
     rounds = [0]
 
     def sample(model) -> Batch:

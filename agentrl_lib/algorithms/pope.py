@@ -49,9 +49,10 @@ import numpy as np
 import torch
 
 from agentrl_lib import core
-from agentrl_lib.algorithms.grpo import Batch, GRPOConfig, _draws, score
+from agentrl_lib.algorithms.grpo import Batch, GRPOConfig, sampler_generators, score
 from agentrl_lib.envs.text_tasks import reference_completion
 from agentrl_lib.rollout import format_prompts, generate
+from agentrl_lib.utils import progress
 
 Tensor = torch.Tensor
 GUIDANCE = ("none", "pope", "guide", "snapshot")
@@ -282,7 +283,7 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
                     "eval/log10_hard": hard.clamp(min=1e-300).log10().mean().item(),
                     "eval/easy_success": easy.mean().item() if len(easy) else float("nan")})
 
-    for it in range(cfg.num_iters + 1):
+    for it in progress(range(cfg.num_iters + 1), desc="pope"):
         row = {"iter": it, "samples": it * cfg.num_prompts * cfg.group_size}
         if it % eval_every == 0 or it == cfg.num_iters:
             evaluate(row)
@@ -338,7 +339,7 @@ def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dic
     completions of each and scores them with ``reward_funcs`` on the completion (the part after the
     prefix). ``rollout/reward`` is over every row; ``rollout/hard_reward``,
     ``rollout/hard_unguided_reward`` and ``rollout/guided_frac`` are over the hard prompts."""
-    _, tokens = _draws(hard_problems, cfg, "hard problems")
+    _, tokens = sampler_generators(hard_problems, cfg, "hard problems")
     rng = random.Random(cfg.seed)
     n_easy, n_hard = split_round(cfg.num_prompts, pcfg)
     if n_easy > len(easy_problems):
