@@ -16,7 +16,7 @@ ROOT = repo_root()
 REPRESENTATIVES = {"foundations": "04_rover", "rlvr": "10_tiny_lm", "multiturn-credit": "31_gigpo",
                    "reward": "21_starc", "preference": "28_spo", "hierarchical": "40_hiper",
                    "exploration": "42_epo_entropy", "search-tool": "53_slate",
-                   "multiagent": "60_dr_mas"}
+                   "multiagent": "60_dr_mas", "value-offline": "70_stop_regressing"}
 TIMING = re.compile(r"(^|[_/])(time|timing|wall|seconds|secs|elapsed|speed|per_s|overhead|ms)([_/]|$)|_s$")
 
 
