@@ -193,3 +193,60 @@ def test_nb03_gae_and_ppo_loss():
                 lambda *x: gae_sum(*x, carry_over_ends=True), core.gae_advantages, _nb03_gae_inputs)
     _answerable(right_ppo, wrong_ppo, lambda lp, old, a: core.ppo_clip_loss(lp, old, a)[0],
                 _nb03_ppo_inputs)
+
+
+# 04_rover
+def _nb04_tree_inputs(rng):
+    from agentrl_lib.envs.token_tree import TokenTreeMDP
+
+    V, H = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+    return (TokenTreeMDP(V, H, num_correct=int(rng.integers(1, min(8, V**H) + 1)),
+                         seed=int(rng.integers(1 << 31))),)
+
+
+def _nb04_tree_policy_inputs(rng):
+    (tree_x,) = _nb04_tree_inputs(rng)
+    probs = [torch.softmax(torch.tensor(2 * rng.normal(size=(tree_x.V**d, tree_x.V))), -1)
+             for d in range(tree_x.H)]
+    return tree_x, probs, int(rng.integers(1, 257))
+
+
+def _leaf_tokens(leaf, V, H):
+    tokens = []
+    for _ in range(H):
+        leaf, a = divmod(leaf, V)
+        tokens.append(a)
+    return tokens[::-1]
+
+
+def test_nb04_uniform_q_and_distinct_correct():
+    def q_by_counting(tree, best=False):
+        """Per depth, count the correct leaves below each child (or whether there is one)."""
+        V, H = tree.V, tree.H
+        out = []
+        for d in range(H):
+            q = np.zeros((V**d, V))
+            for leaf in range(V**H):
+                toks = _leaf_tokens(leaf, V, H)
+                node = 0
+                for a in toks[:d]:
+                    node = node * V + a
+                r = float(tree.reward[leaf])
+                q[node, toks[d]] = max(q[node, toks[d]], r) if best else q[node, toks[d]] + r
+            out.append(q if best else q / V ** (H - d - 1))
+        return out
+
+    def distinct(tree, probs, n, with_repeats=False):
+        total = 0.0
+        for leaf in tree.correct_ids.tolist():
+            p, node = 1.0, 0
+            for d, a in enumerate(_leaf_tokens(leaf, tree.V, tree.H)):
+                p *= float(probs[d][node, a])
+                node = node * tree.V + a
+            total += n * p if with_repeats else 1.0 - (1.0 - p) ** n
+        return total
+
+    _answerable(q_by_counting, lambda t: q_by_counting(t, best=True),  # Q* instead of Q^u
+                lambda t: t.uniform_q(), _nb04_tree_inputs)
+    _answerable(distinct, lambda t, p, n: distinct(t, p, n, with_repeats=True),  # counts repeats
+                lambda t, p, n: t.expected_distinct_correct(p, n), _nb04_tree_policy_inputs)
