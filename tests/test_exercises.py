@@ -290,3 +290,51 @@ def test_nb10_logps_and_chat_example():
               atol=1e-5)
     _answerable(right_chat, lambda p, c: right_chat(p, c, eos_in_mask=False),
                 lambda p, c: chat_example(tok, p, c), _nb10_chat_inputs)
+
+
+# 12_tricks_or_traps
+def _nb12_aggregate_inputs(rng):
+    B, T = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+    lengths = rng.integers(0, T + 1, size=B)
+    mask = torch.tensor((np.arange(T)[None] < lengths[:, None]).astype(float))
+    return torch.tensor(rng.normal(size=(B, T))), mask, str(rng.choice(core.AGGREGATIONS))
+
+
+def _nb12_normalised_inputs(rng):
+    B, G = int(rng.integers(1, 5)), int(rng.integers(2, 9))
+    rewards = torch.tensor(rng.integers(0, 2, size=(B, G)), dtype=torch.float64)
+    return rewards, str(rng.choice(core.ADV_LEVELS)), str(rng.choice(core.ADV_LEVELS))
+
+
+def test_nb12_aggregate_and_normalised():
+    def right_aggregate(x, mask, how, drop_empty=False):
+        x, m = np.asarray(x), np.asarray(mask)
+        B, T = x.shape
+        if how == "token_mean":
+            return (x * m).sum() / max(m.sum(), 1.0)
+        if how == "const_norm":
+            return (x * m).sum() / (B * T)
+        means = [(x[b] * m[b]).sum() / m[b].sum() for b in range(B) if m[b].sum() > 0]
+        n = len(means) if drop_empty else B
+        return sum(means) / max(n, 1)
+
+    def right_normalised(r, mean_level, std_level, ddof=1):
+        r = np.asarray(r)
+        B, G = r.shape
+        out = np.zeros((B, G))
+        for b in range(B):
+            for i in range(G):
+                pool_m = r[b] if mean_level == "group" else r.reshape(-1)
+                pool_s = r[b] if std_level == "group" else r.reshape(-1)
+                a = r[b, i] - (0.0 if mean_level == "none" else pool_m.mean())
+                if std_level != "none":
+                    a /= pool_s.std(ddof=ddof) + 1e-4
+                if mean_level != "none" and pool_m.min() == pool_m.max():
+                    a = 0.0
+                out[b, i] = a
+        return out
+
+    _answerable(right_aggregate, lambda *a: right_aggregate(*a, drop_empty=True),  # skips empties
+                core.aggregate, _nb12_aggregate_inputs)
+    _answerable(right_normalised, lambda *a: right_normalised(*a, ddof=0),  # the population std
+                core.normalised_advantages, _nb12_normalised_inputs)
