@@ -48,6 +48,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl_lib.utils import progress
+
 Tensor = torch.Tensor
 
 
@@ -523,10 +525,11 @@ def _new_episodes(make_env, seeds, group_size):
 @torch.no_grad()
 def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
           generator, system_prompt, reuse_cache: bool, timers: dict | None = None,
-          max_context: int | None = None):
+          max_context: int | None = None, desc: str | None = None):
     """Step ``envs`` together (fills ``episodes`` in place). reuse_cache=False re-encodes each
     conversation from its first token every turn (the naive loop). max_context: end (truncated,
-    ``context_full``) an episode whose next turn could pass this many tokens; None: no cap."""
+    ``context_full``) an episode whose next turn could pass this many tokens; None: no cap.
+    desc: show a progress bar over turns under this label (``utils.progress``)."""
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     timers = timers if timers is not None else {}
     tick = time.perf_counter
@@ -544,7 +547,11 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
     record_end = {}
     state = _Cache()
     turn = 0
+    bar = progress(total=max_turns, desc=desc, unit="turn") if desc else None
     while running and (max_turns is None or turn < max_turns):
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(running=len(running))
         t0 = tick()
         if reuse_cache:
             segments = [pending[i] for i in running]
@@ -607,6 +614,8 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
         if reuse_cache and still and len(still) < len(running):
             state.select(torch.tensor([k for k, _ in still], device=state.attn.device))
         running, turn = [i for _, i in still], turn + 1
+    if bar is not None:
+        bar.close()
     for i in running:  # stopped by max_turns: drop the observation the agent never answered
         ep = episodes[i]
         ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
@@ -619,7 +628,7 @@ def lm_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1
                max_turns: int | None = None, max_new_tokens: int = 8, temperature: float = 1.0,
                generator: torch.Generator | None = None, system_prompt: str | None = None,
                greedy: bool = False, timers: dict | None = None,
-               max_context: int | None = None) -> list[Episode]:
+               max_context: int | None = None, desc: str | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with the LM, every running environment stepped
     together, one batched generation per turn on a KV cache kept across turns. Group i is
     ``group_size`` episodes reset with ``seeds[i]``. Returns token-level ``Episode`` records.
@@ -629,13 +638,13 @@ def lm_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1
     max_context: end an episode (truncated, ``context_full``) when the next observation plus a
     full action could pass this many tokens, e.g. the positions the model was trained on (the tiny
     LM's 512: its rotary positions run past them without an error, into untrained territory);
-    None: no cap.
+    None: no cap. desc: show a progress bar over turns (e.g. 'eval panel').
     """
     model.eval()
     envs, episodes = _new_episodes(make_env, seeds, group_size)
     return _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
                  generator, resolve_system_prompt(envs[0], system_prompt), reuse_cache=True, timers=timers,
-                 max_context=max_context)
+                 max_context=max_context, desc=desc)
 
 
 def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int = 1,

@@ -27,6 +27,13 @@ SYSTEM_PROMPT = GridAgentEnv.system_prompt
 LAYOUT = ["...", ".#.", "..."]
 
 
+def shipped_bases(root) -> list[str]:
+    """The base names `make test` fills the cache with: the Makefile's BASES list."""
+    text = (root / "Makefile").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith("BASES"))
+    return line.split(":=", 1)[1].split()
+
+
 def make_env(max_turns=4):
     return lambda: GridAgentEnv(layout=LAYOUT, max_turns=max_turns)
 
@@ -325,8 +332,7 @@ def test_notebook_31_lm_start_is_a_cached_named_base():
     info = load_notebook(root / "notebooks" / "31_gigpo.ipynb", root)
     names = {info.params["lm_base"].default} | {
         over["lm_base"] for over in info.profiles.values() if "lm_base" in over}
-    make_cache = next(line for line in (root / "Makefile").read_text().splitlines()
-                      if "agentrl cache" in line).split()
+    make_cache = shipped_bases(root)
     for name in names:
         cfg = BASE_MODELS[name]
         assert isinstance(cfg, AgentSFTConfig) and cfg.env == "grid"
@@ -446,3 +452,16 @@ def test_fork_and_continue_greedy_reproduces_the_parent(moving_lm):
         assert kid.token_ids[:len(p.token_ids)] == p.token_ids
     with pytest.raises(ValueError, match="fork turn"):
         fork_episode(make_env(), parents[0], len(parents[0]), seed=0)
+
+
+def test_eval_panel_shows_progress_over_turns_unless_quiet(moving_lm, monkeypatch, capsys):
+    model, tok = moving_lm
+    for k in ("AGENTRL_QUIET", "CI", "AGENTRL_HEADLESS"):
+        monkeypatch.delenv(k, raising=False)
+    loud = grpo.evaluate_agent(model, tok, make_env(), [0, 1], max_turns=4, max_new_tokens=4,
+                               samples=1, seed=3)
+    assert "eval panel" in capsys.readouterr().err
+    monkeypatch.setenv("AGENTRL_QUIET", "1")
+    assert grpo.evaluate_agent(model, tok, make_env(), [0, 1], max_turns=4, max_new_tokens=4,
+                               samples=1, seed=3) == loud  # the bar changes nothing it measures
+    assert capsys.readouterr().err == ""

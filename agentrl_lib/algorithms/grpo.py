@@ -539,7 +539,7 @@ def evaluate(model, tokenizer, problems: list[dict], reward_fn, max_new_tokens: 
     """Greedy accuracy on a panel: {'acc': mean of ``reward_fn`` over the problems}."""
     model.eval()
     total = 0.0
-    for i in range(0, len(problems), batch_size):
+    for i in progress(range(0, len(problems), batch_size), desc="eval panel", unit="batch"):
         chunk = problems[i:i + batch_size]
         gen = generate(model, tokenizer, format_prompts(tokenizer, chunk), max_new_tokens, greedy=True)
         total += score([reward_fn], gen.texts, chunk).sum().item()
@@ -556,5 +556,5 @@ def evaluate_agent(model, tokenizer, make_env, seeds: list[int], max_turns: int,
     generator seeded by ``seed`` (the same draws at every call)."""
     eps = lm_rollout(model, tokenizer, make_env, seeds, max(samples, 1), max_turns, max_new_tokens,
                      temperature, token_generator(model, seed), system_prompt,
-                     greedy=samples == 0, max_context=max_context)
+                     greedy=samples == 0, max_context=max_context, desc="eval panel")
     return episode_stats(eps)
