@@ -1,0 +1,142 @@
+"""The checked exercises of notebooks 11, 13, 14, 15, 20, 21, 22, 23 are answerable: for each, a
+right solution written here (loops / numpy, independently of the library's code) passes `check`
+against the notebook's reference on the notebook's input generator (copied verbatim), and a
+plausible wrong one raises ExerciseError."""
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl_lib import core
+from agentrl_lib.exercises import ExerciseError, check
+
+
+def _answerable(right, wrong, reference, make_inputs, **kw):
+    assert check(right, reference, make_inputs, **kw) is True
+    with pytest.raises(ExerciseError):
+        check(wrong, reference, make_inputs, **kw)
+
+
+# 11_grpo_vs_trl
+def _nb11_grpo_loss_inputs(rng):
+    G, T = int(rng.integers(2, 7)), int(rng.integers(1, 7))
+    old = torch.tensor(-rng.uniform(0.1, 3.0, size=(G, T)))
+    lengths = rng.integers(1, T + 1, size=G)
+    mask = torch.tensor((np.arange(T)[None] < lengths[:, None]).astype(float))
+    return (old + torch.tensor(rng.normal(scale=0.3, size=(G, T))), old,
+            old + torch.tensor(rng.normal(scale=0.3, size=(G, T))),
+            torch.tensor(rng.integers(0, 2, size=G).astype(float)), mask)
+
+
+def test_nb11_grpo_loss():
+    from agentrl_lib.algorithms import grpo
+    from agentrl_lib.algorithms.grpo import GRPOConfig
+
+    def grpo_loss(lp, old, ref, r, mask, per_sequence=True):
+        lp, old, ref, r, mask = (np.asarray(x, dtype=float) for x in (lp, old, ref, r, mask))
+        G, T = lp.shape
+        mu = r.mean()
+        sd = np.sqrt(((r - mu) ** 2).sum() / (G - 1))
+        adv = np.zeros(G) if r.max() == r.min() else (r - mu) / (sd + 1e-4)
+        rows, total, n = [], 0.0, 0.0
+        for i in range(G):
+            s = 0.0
+            for t in range(T):
+                if not mask[i, t]:
+                    continue
+                rho = np.exp(lp[i, t] - old[i, t])
+                surr = min(rho * adv[i], min(max(rho, 0.8), 1.2) * adv[i])
+                log_r = ref[i, t] - lp[i, t]
+                s += -surr + 0.04 * (np.exp(log_r) - 1 - log_r)
+            rows.append(s / mask[i].sum())
+            total, n = total + s, n + mask[i].sum()
+        return sum(rows) / G if per_sequence else total / n
+
+    _answerable(grpo_loss, lambda *x: grpo_loss(*x, per_sequence=False),  # token_mean, not GRPO's
+                lambda lp, old, ref, r, m: grpo.policy_loss(
+                    lp, old, core.grpo_advantages(r), m, GRPOConfig(beta=0.04), ref)[0],
+                _nb11_grpo_loss_inputs)
+
+
+# 13_ppo_llm
+def _nb13_token_adv_inputs(rng):
+    B, T = int(rng.integers(1, 4)), int(rng.integers(1, 8))
+    lengths = rng.integers(1, T + 1, size=B)
+    mask = torch.tensor((np.arange(T)[None] < lengths[:, None]).astype(float))
+    scores = torch.tensor(rng.integers(0, 2, size=B).astype(float))
+    return scores, torch.tensor(rng.normal(size=(B, T))), mask, float(rng.uniform(0.0, 1.0))
+
+
+def test_nb13_token_advantages():
+    from agentrl_lib.algorithms import ppo_lm
+
+    def token_adv(scores, values, mask, lam, reward_at_end_of_window=False):
+        s, v, m = (np.asarray(x, dtype=float) for x in (scores, values, mask))
+        B, T = v.shape
+        adv, ret = np.zeros((B, T)), np.zeros((B, T))
+        for b in range(B):
+            n = int(m[b].sum())
+            r = np.zeros(T)
+            r[T - 1 if reward_at_end_of_window else n - 1] = s[b]
+            a = 0.0
+            for t in reversed(range(n)):
+                v_next = v[b, t + 1] if t + 1 < n else 0.0
+                a = r[t] + v_next - v[b, t] + lam * a
+                adv[b, t], ret[b, t] = a, a + v[b, t]
+        return adv, ret
+
+    _answerable(token_adv, lambda *x: token_adv(*x, reward_at_end_of_window=True),  # ignores the mask
+                lambda s, v, m, lam: ppo_lm.token_gae(ppo_lm.token_rewards(s, m), v, m, 1.0, lam),
+                _nb13_token_adv_inputs)
+
+
+# 14_v05
+def _nb14_fused_inputs(rng):
+    B, N = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+    return (rng.integers(0, 2, size=(B, N)).astype(float), rng.uniform(0.02, 0.98, size=B),
+            float(rng.uniform(0.001, 0.1)))
+
+
+def test_nb14_fused_baseline():
+    from agentrl_lib.algorithms import v05
+
+    def fused(r, prior, tau2, swapped=False):
+        B, N = r.shape
+        out = np.zeros((B, N))
+        for i in range(B):
+            v, m = prior[i], sum(r[i]) / N
+            sigma2 = v * (1 - v)
+            w = sigma2 / (sigma2 + N * tau2)
+            if swapped:  # the weight on the wrong term: the prior gains weight as N grows
+                w = 1 - w
+            out[i, :] = w * v + (1 - w) * m
+        return out
+
+    _answerable(fused, lambda *x: fused(*x, swapped=True),
+                lambda r, v, tau2: v05.fused_baseline(r, prior=v, prior_var=tau2)[0],
+                _nb14_fused_inputs)
+
+
+# 15_pope
+def _nb15_prefix_inputs(rng):
+    num_iters = int(rng.integers(1, 40))
+    start = 1.0 if rng.random() < 0.5 else float(rng.uniform(0, 1))  # 1.0: the default
+    return (int(rng.integers(0, num_iters)), num_iters, start, float(rng.uniform(0, 1)),
+            float(rng.uniform(0.1, 1.0)), int(rng.integers(1, 9)))
+
+
+def test_nb15_prefix_len():
+    import math
+
+    from agentrl_lib.algorithms import pope
+    from agentrl_lib.algorithms.pope import POPEConfig
+
+    def prefix(it, num_iters, start, end, anneal_frac, n, anneal=True):
+        last = anneal_frac * num_iters if anneal else num_iters
+        frac = end if it >= last else start + (end - start) * it / last
+        return min(math.floor(frac * n + 1e-9), n - 1)
+
+    _answerable(prefix, lambda *x: prefix(*x, anneal=False),  # anneals over all of training
+                lambda it, N, a, b, f, n: pope.prefix_len(pope.prefix_fraction(
+                    it, N, POPEConfig(prefix_start=a, prefix_end=b, anneal_frac=f)), n),
+                _nb15_prefix_inputs)
