@@ -140,3 +140,38 @@ def test_nb15_prefix_len():
                 lambda it, N, a, b, f, n: pope.prefix_len(pope.prefix_fraction(
                     it, N, POPEConfig(prefix_start=a, prefix_end=b, anneal_frac=f)), n),
                 _nb15_prefix_inputs)
+
+
+# 20_reward_models_dpo
+def _nb20_dpo_inputs(rng):
+    B = int(rng.integers(1, 9))
+    ref = torch.tensor(-rng.uniform(0.5, 20.0, size=(2, B)))
+    moved = ref + torch.tensor(rng.normal(scale=2.0, size=(2, B)))
+    return moved[0], moved[1], ref[0], ref[1], float(rng.uniform(0.02, 1.0))
+
+
+def _nb20_kl_optimal_inputs(rng):
+    K = int(rng.integers(2, 9))
+    return rng.dirichlet(np.ones(K)), rng.normal(scale=3.0, size=K), float(rng.uniform(0.01, 2.0))
+
+
+def test_nb20_dpo_loss_and_kl_optimum():
+    from agentrl_lib.algorithms import dpo
+
+    def right_dpo(c, r, rc, rr, beta, with_ref=True):
+        c, r, rc, rr = (np.asarray(x, dtype=float) for x in (c, r, rc, rr))
+        h = (c - rc) - (r - rr) if with_ref else c - r
+        z = beta * h
+        return np.logaddexp(0.0, -z)  # -log sigma(z)
+
+    def right_optimum(ref, rew, beta, temper=True):
+        logits = [np.log(p) + (x / beta if temper else x) for p, x in zip(ref, rew)]
+        top = max(logits)
+        w = [np.exp(v - top) for v in logits]
+        return np.array(w) / sum(w)
+
+    _answerable(right_dpo, lambda *x: right_dpo(*x, with_ref=False),  # forgets the reference
+                lambda c, r, rc, rr, beta: dpo.dpo_loss(c, r, rc, rr, beta=beta)[0],
+                _nb20_dpo_inputs)
+    _answerable(right_optimum, lambda *x: right_optimum(*x, temper=False),  # e^r instead of e^{r/beta}
+                dpo.kl_optimal_policy, _nb20_kl_optimal_inputs)
