@@ -175,3 +175,53 @@ def test_nb20_dpo_loss_and_kl_optimum():
                 _nb20_dpo_inputs)
     _answerable(right_optimum, lambda *x: right_optimum(*x, temper=False),  # e^r instead of e^{r/beta}
                 dpo.kl_optimal_policy, _nb20_kl_optimal_inputs)
+
+
+# 21_starc
+def _nb21_reward_inputs(rng):
+    S, A = int(rng.integers(2, 6)), int(rng.integers(1, 4))
+    return torch.tensor(rng.normal(size=(S, A, S))), float(rng.uniform(0.5, 0.99))
+
+
+def _nb21_starc_inputs(rng):
+    S, A = int(rng.integers(2, 6)), int(rng.integers(1, 4))
+    P = torch.tensor(rng.dirichlet(np.ones(S), size=(S, A)))  # (S, A, S)
+    return (torch.tensor(rng.normal(size=(S, A, S))), torch.tensor(rng.normal(size=(S, A, S))), P,
+            float(rng.uniform(0.5, 0.99)))
+
+
+def test_nb21_epic_and_starc():
+    from agentrl_lib.rewards import distances
+
+    def epic(R, gamma, constant=True):
+        R = np.asarray(R)
+        S, A, _ = R.shape
+        m = [R[x].mean() for x in range(S)]
+        shift = gamma * np.mean(m) if constant else 0.0
+        out = np.zeros_like(R)
+        for s in range(S):
+            for a in range(A):
+                for t in range(S):
+                    out[s, a, t] = R[s, a, t] + gamma * m[t] - m[s] - shift
+        return out
+
+    def advantage(R, P, gamma):
+        R, P = np.asarray(R), np.asarray(P)
+        S, A, _ = R.shape
+        r = (P * R).sum(-1)  # (S, A)
+        V = np.zeros(S)
+        for _ in range(3000):  # iterate the uniform policy's Bellman operator
+            Q = r + gamma * P @ V
+            V = Q.mean(1)
+        return np.repeat((Q - V[:, None])[:, :, None], S, axis=2)
+
+    def starc(R1, R2, P, gamma, canonical=True):
+        c1, c2 = ((advantage(R, P, gamma) if canonical else np.asarray(R)) for R in (R1, R2))
+        s1, s2 = (c / np.linalg.norm(c) if np.linalg.norm(c) > 1e-12 else 0 * c for c in (c1, c2))
+        return 0.5 * np.linalg.norm(s1 - s2)
+
+    _answerable(epic, lambda *x: epic(*x, constant=False), distances.epic_canonicalize,
+                _nb21_reward_inputs)
+    _answerable(starc, lambda *x: starc(*x, canonical=False),  # raw rewards, no levelling
+                lambda R1, R2, P, gamma: distances.starc_distance(R1, R2, gamma, P)[0],
+                _nb21_starc_inputs)
