@@ -85,7 +85,8 @@ def test_nb13_token_advantages():
                 adv[b, t], ret[b, t] = a, a + v[b, t]
         return adv, ret
 
-    _answerable(token_adv, lambda *x: token_adv(*x, reward_at_end_of_window=True),  # ignores the mask
+    # the wrong one ignores the mask
+    _answerable(token_adv, lambda *x: token_adv(*x, reward_at_end_of_window=True),
                 lambda s, v, m, lam: ppo_lm.token_gae(ppo_lm.token_rewards(s, m), v, m, 1.0, lam),
                 _nb13_token_adv_inputs)
 
@@ -173,7 +174,8 @@ def test_nb20_dpo_loss_and_kl_optimum():
     _answerable(right_dpo, lambda *x: right_dpo(*x, with_ref=False),  # forgets the reference
                 lambda c, r, rc, rr, beta: dpo.dpo_loss(c, r, rc, rr, beta=beta)[0],
                 _nb20_dpo_inputs)
-    _answerable(right_optimum, lambda *x: right_optimum(*x, temper=False),  # e^r instead of e^{r/beta}
+    # the wrong one weighs by e^r instead of e^{r/beta}
+    _answerable(right_optimum, lambda *x: right_optimum(*x, temper=False),
                 dpo.kl_optimal_policy, _nb20_kl_optimal_inputs)
 
 
@@ -225,3 +227,63 @@ def test_nb21_epic_and_starc():
     _answerable(starc, lambda *x: starc(*x, canonical=False),  # raw rewards, no levelling
                 lambda R1, R2, P, gamma: distances.starc_distance(R1, R2, gamma, P)[0],
                 _nb21_starc_inputs)
+
+
+# 22_barfi
+def _nb22_pbrs_inputs(rng):
+    S, A = int(rng.integers(2, 7)), int(rng.integers(1, 5))
+    return (torch.tensor(rng.normal(size=(S, A))), torch.tensor(rng.normal(size=S)),
+            float(rng.uniform(0.5, 0.99)), torch.tensor(rng.dirichlet(np.ones(S), size=(S, A))),
+            torch.tensor(rng.random(S) < 0.3))
+
+
+def test_nb22_pbrs():
+    from agentrl_lib.rewards import shaping
+
+    def right_pbrs(R, phi, gamma, P, terminal, zero_at_terminal=True):
+        R, phi, P, term = (np.asarray(x) for x in (R, phi, P, terminal))
+        Phi = np.where(term, 0.0, phi) if zero_at_terminal else phi
+        S, A = R.shape
+        out = np.zeros((S, A))
+        for s in range(S):
+            for a in range(A):
+                out[s, a] = R[s, a] + gamma * sum(P[s, a, t] * Phi[t] for t in range(S)) - Phi[s]
+        return out
+
+    # the wrong one keeps Phi at terminal states
+    _answerable(right_pbrs, lambda *x: right_pbrs(*x, zero_at_terminal=False),
+                lambda R, phi, gamma, P, term: shaping.pbrs(R, phi, gamma, P=P, terminal=term),
+                _nb22_pbrs_inputs)
+
+
+# 23_prm_clip_delta
+def _nb23_process_inputs(rng):
+    B, T = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+    lengths = rng.integers(1, T + 1, size=B)
+    mask = torch.tensor(np.arange(T)[None] < lengths[:, None])
+    success = torch.tensor(rng.integers(0, 2, size=B).astype(float))
+    return (torch.tensor(rng.uniform(0, 1, size=(B, T))), mask, success,
+            str(rng.choice(["clip", "delta"])), float(rng.uniform(0.2, 0.8)))
+
+
+def test_nb23_clip_and_delta():
+    from agentrl_lib.rewards import process as pr
+
+    def right(scores, step_mask, success, kind, eta, peek_past_end=False):
+        s, m, ok = (np.asarray(x, dtype=float) for x in (scores, step_mask, success))
+        B, T = s.shape
+        out = np.zeros((B, T + 1))
+        for b in range(B):
+            K = int(m[b].sum())
+            for k in range(K):
+                if kind == "clip":
+                    out[b, k] = min(s[b, k] - eta, 0.0)
+                else:
+                    nxt = s[b, k + 1] if k + 1 < (T if peek_past_end else K) else 0.0
+                    out[b, k] = s[b, k] - nxt
+            out[b, K] += ok[b]
+        return out
+
+    _answerable(right, lambda *x: right(*x, peek_past_end=True),  # Delta reads the padding's score
+                lambda s, m, ok, kind, eta: pr.process_rewards(s, m, ok, kind, eta=eta)[0],
+                _nb23_process_inputs)
