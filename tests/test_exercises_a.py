@@ -211,10 +211,9 @@ def test_nb21_epic_and_starc():
         R, P = np.asarray(R), np.asarray(P)
         S, A, _ = R.shape
         r = (P * R).sum(-1)  # (S, A)
-        V = np.zeros(S)
-        for _ in range(3000):  # iterate the uniform policy's Bellman operator
-            Q = r + gamma * P @ V
-            V = Q.mean(1)
+        P_pi = P.mean(1)  # (S, S) under the uniform policy
+        V = np.linalg.solve(np.eye(S) - gamma * P_pi, r.mean(1))
+        Q = r + gamma * P @ V
         return np.repeat((Q - V[:, None])[:, :, None], S, axis=2)
 
     def starc(R1, R2, P, gamma, canonical=True):
