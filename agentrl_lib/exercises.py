@@ -47,7 +47,9 @@ def _close(a, b, atol: float, rtol: float) -> tuple[bool, float]:
             return False, float("inf")
         if xa.size == 0:
             return True, 0.0
-        diff = float(np.nanmax(np.abs(xa - xb))) if np.isfinite(xa - xb).any() else 0.0
+        with np.errstate(invalid="ignore"):  # inf - inf (an unvisited UCT child) is no error
+            gap = np.abs(xa - xb)
+        diff = float(np.nanmax(gap)) if np.isfinite(gap).any() else 0.0
         same_nan = bool((np.isnan(xa) == np.isnan(xb)).all())
         return bool(np.allclose(xa, xb, atol=atol, rtol=rtol, equal_nan=True)) and same_nan, diff
     results = [_close(x, y, atol, rtol) for x, y in pairs]
