@@ -1,7 +1,7 @@
 """The checked exercises of notebooks 40-53 (part D of issue 16) are answerable: for each, a right
 solution written here (loops / numpy, independently of the library's code) passes `check` against
-the notebook's reference on the notebook's input generator (copied verbatim), and a plausible wrong
-one raises ExerciseError."""
+the notebook's reference on the notebook's input generator (copied: the same draws in the same
+order), and a plausible wrong one raises ExerciseError."""
 
 import numpy as np
 import pytest
@@ -57,7 +57,8 @@ def _nb41_cap_inputs(rng):
     n = int(rng.integers(1, 5))
     starts = np.r_[0, np.sort(rng.choice(np.arange(1, 40), n - 1, replace=False))].astype(int)
     caps = np.sort(rng.integers(1, 30, size=n))
-    k = int(rng.choice(starts)) - int(rng.integers(0, 2)) if rng.random() < 0.6 else int(rng.integers(0, 50))
+    k = (int(rng.choice(starts)) - int(rng.integers(0, 2)) if rng.random() < 0.6
+         else int(rng.integers(0, 50)))
     return tuple((int(s), int(h)) for s, h in zip(starts, caps)), max(k, 0)
 
 
@@ -107,8 +108,8 @@ def _nb42_epo_inputs(rng):
     n, K = int(rng.integers(1, 13)), int(rng.integers(1, 30))
     h_bar = float(rng.uniform(0.3, 1.5))
     return (torch.tensor(h_bar * rng.uniform(0.1, 2.2, size=n)), h_bar, int(rng.integers(0, K)), K,
-            float(rng.uniform(0.0, 0.5)), float(rng.uniform(0.0, 2.0)), float(rng.uniform(0.3, 1.0)),
-            float(rng.uniform(1.0, 1.8)))
+            float(rng.uniform(0.0, 0.5)), float(rng.uniform(0.0, 2.0)),
+            float(rng.uniform(0.3, 1.0)), float(rng.uniform(1.0, 1.8)))
 
 
 def _nb42_epo_reference(entropies, h_bar, it, num_iters, c, beta, kappa_lo, kappa_hi):
@@ -133,7 +134,8 @@ def test_nb42_epo_loss():
 # 50_searchgym
 def _nb50_linear_inputs(rng):
     n_iters = int(rng.integers(1, 40))
-    return int(rng.integers(0, n_iters)), n_iters, int(rng.integers(1, 6)), float(rng.uniform(0.1, 1.0))
+    return (int(rng.integers(0, n_iters)), n_iters, int(rng.integers(1, 6)),
+            float(rng.uniform(0.1, 1.0)))
 
 
 def _nb50_collapse_inputs(rng):
@@ -160,5 +162,151 @@ def test_nb50_linear_curriculum_and_collapses():
     _answerable(linear, lambda *a: linear(*a, ramp=False),  # ramps over the whole run
                 lambda it, n, K, frac: curriculum.hop_weights(it, n, K, "linear", frac),
                 _nb50_linear_inputs)
-    _answerable(collapses, lambda *a: collapses(*a, running_peak=False),  # a fall from the last value
+    # wrong: a fall from the last value, not from the running peak
+    _answerable(collapses, lambda *a: collapses(*a, running_peak=False),
                 curriculum.collapse_events, _nb50_collapse_inputs)
+
+
+# 51_reseek
+def _nb51_flag_inputs(rng):
+    T = int(rng.integers(1, 7))
+    judged = rng.random(T) < 0.35
+    verdicts = [str(v) for v in rng.choice(["useful", "useless"], size=T)]
+    truths = [str(v) for v in rng.choice(["useful", "useless"], size=T)]
+    env_r = np.where(np.arange(T) == T - 1, rng.integers(0, 2), 0).astype(float)  # outcome at the end
+    return (env_r, rng.integers(0, 2, size=T).astype(bool),
+            rng.integers(0, 2, size=T).astype(bool),
+            [v if j else None for v, j in zip(verdicts, judged)],
+            [v if j else None for v, j in zip(truths, judged)])
+
+
+def _nb51_process_reference(env_r, fact_true, advanced, judge, truth):
+    from agentrl_lib.algorithms import reseek
+
+    infos = [dict(fact_true=bool(c), advanced=bool(u), judge=j, judge_truth=h)
+             for c, u, j, h in zip(fact_true, advanced, judge, truth)]
+    return reseek.process_rewards([Episode.of(["s"] * len(env_r), list(env_r), infos=infos)])[0]
+
+
+def _nb51_turn_inputs(rng):
+    n = int(rng.integers(1, 9))
+    return ([np.round(rng.choice([0.0, 0.1, 0.2, 0.4, 1.0], size=int(rng.integers(1, 6))), 1)
+             for _ in range(n)],
+            rng.integers(0, 3, size=n))
+
+
+def _nb51_turn_reference(turn_rewards, group_ids):
+    from agentrl_lib.algorithms import reseek
+
+    eps = [Episode.of(["s"] * len(r), [0.0] * len(r), group_id=int(g))
+           for r, g in zip(turn_rewards, group_ids)]
+    return reseek.reseek_advantages(eps, turn_rewards, mode="turn")
+
+
+def test_nb51_process_rewards_and_turn_advantages():
+    def process(env_r, c, u, judge, truth, penalise_wrong=True):
+        out = []
+        for t in range(len(env_r)):
+            r = env_r[t] + 0.2 * c[t] + 0.2 * u[t]
+            if judge[t] is not None:
+                r += 0.1 if judge[t] == truth[t] else (-0.1 if penalise_wrong else 0.0)
+            out.append(r)
+        return np.array(out)
+
+    def turn_adv(turn_rewards, group_ids, to_go=True):
+        rtg = []
+        for r in turn_rewards:
+            r = list(r)
+            rtg.append([sum(r[t:]) if to_go else r[t] for t in range(len(r))])
+        out = []
+        for i, g in enumerate(rtg):
+            pool = [x for k, h in enumerate(rtg) if group_ids[k] == group_ids[i] for x in h]
+            if len(pool) < 2 or max(pool) - min(pool) < 1e-12:
+                out.append(np.zeros(len(g)))
+            else:
+                out.append((np.array(g) - np.mean(pool)) / (np.std(pool, ddof=1) + 1e-4))
+        return out
+
+    # wrong: no penalty for a wrong verdict
+    _answerable(process, lambda *a: process(*a, penalise_wrong=False),
+                _nb51_process_reference, _nb51_flag_inputs)
+    _answerable(turn_adv, lambda *a: turn_adv(*a, to_go=False),  # the turn's own reward, not G_t
+                _nb51_turn_reference, _nb51_turn_inputs)
+
+
+# 52_treeps_rag
+def _nb52_tree_inputs(rng):
+    n = int(rng.integers(1, 9))
+    paths = ["".join(rng.choice(["a", "b"], size=int(rng.integers(1, 4)))) for _ in range(n)]
+    return paths, rng.integers(0, 2, size=n).astype(float), rng.integers(0, 2, size=n)
+
+
+def _nb52_leaf(actions, ret, gid=0):
+    rewards = [0.0] * (len(actions) - 1) + [ret]
+    return Episode.of(["s"] * len(actions), rewards, gid, actions=list(actions))
+
+
+def _nb52_process_reference(paths, rets, group_ids):
+    from agentrl_lib.algorithms import treeps
+
+    return treeps.process_advantages([_nb52_leaf(p, r, int(g))
+                                      for p, r, g in zip(paths, rets, group_ids)])
+
+
+def test_nb52_process_advantages():
+    def process(paths, rets, group_ids, local=True):
+        out = []
+        for i, p in enumerate(paths):
+            mates = [k for k in range(len(paths)) if group_ids[k] == group_ids[i]]
+            r = np.array([rets[k] for k in mates])
+            if len(r) < 2 or r.min() == r.max():
+                out.append(np.zeros(len(p)))
+                continue
+
+            def value(prefix):
+                return np.mean([rets[k] for k in mates if paths[k].startswith(prefix)])
+
+            base = [value(p[:t]) if local else value("") for t in range(len(p))]
+            step = np.array([value(p[:t + 1]) - base[t] for t in range(len(p))])
+            out.append(step / (r.std(ddof=1) + 1e-4))
+        return out
+
+    # wrong: V(n_{t+1}) - V(root), the global term alone
+    _answerable(process, lambda *a: process(*a, local=False),
+                _nb52_process_reference, _nb52_tree_inputs)
+
+
+# 53_slate
+def _nb53_judge_inputs(rng):
+    n = int(rng.integers(1, 7))
+    q = np.where(rng.random(n) < 0.5, rng.choice([0.0, 0.5, 1.0], size=n),
+                 rng.uniform(0, 1, size=n))
+    sigma = 0.0 if rng.random() < 0.2 else float(rng.uniform(0.05, 0.6))
+    return q, float(rng.uniform(0.0, 1.0)), sigma
+
+
+def test_nb53_expected_step_reward():
+    import math
+
+    from agentrl_lib.algorithms import slate
+    from agentrl_lib.rewards.judges import NoisyJudge
+
+    def by_integration(q, c, sigma, clip=True):
+        """E[clip(X, 0, 1)] = int_0^1 P(X > t) dt (Simpson on a fine grid), X ~ N(mu, sigma^2)."""
+        mu = c * np.asarray(q, dtype=float) + (1 - c) / 2
+        if not clip:
+            return 2 * mu - 1
+        if sigma == 0:
+            return 2 * np.clip(mu, 0, 1) - 1
+        t = np.linspace(0.0, 1.0, 4001)
+        w = np.ones_like(t)
+        w[1:-1:2], w[2:-1:2] = 4, 2
+        out = []
+        for m in mu:
+            tail = np.array([0.5 * math.erfc((x - m) / (sigma * math.sqrt(2))) for x in t])
+            out.append((t[1] - t[0]) / 3 * np.sum(w * tail))
+        return 2 * np.array(out) - 1
+
+    _answerable(by_integration, lambda *a: by_integration(*a, clip=False),  # forgets the clip
+                lambda q, c, s: slate.expected_step_reward(q, NoisyJudge(compression=c, sigma=s)),
+                _nb53_judge_inputs)
