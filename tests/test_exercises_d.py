@@ -173,7 +173,7 @@ def _nb51_flag_inputs(rng):
     judged = rng.random(T) < 0.35
     verdicts = [str(v) for v in rng.choice(["useful", "useless"], size=T)]
     truths = [str(v) for v in rng.choice(["useful", "useless"], size=T)]
-    env_r = np.where(np.arange(T) == T - 1, rng.integers(0, 2), 0).astype(float)  # outcome at the end
+    env_r = np.where(np.arange(T) == T - 1, rng.integers(0, 2), 0).astype(float)  # the outcome
     return (env_r, rng.integers(0, 2, size=T).astype(bool),
             rng.integers(0, 2, size=T).astype(bool),
             [v if j else None for v, j in zip(verdicts, judged)],
