@@ -162,3 +162,69 @@ def test_nb35_salt_edge_mean():
 
     _answerable(right, lambda *x: right(*x, edge=lambda s, a: s),  # merges on the node, not the edge
                 _nb35_salt_reference, _nb35_salt_inputs)
+
+
+# 36_hgpo
+def _nb36_level_inputs(rng):
+    """(states, actions, rewards, k, gamma): 2..5 episodes of 1..4 turns from state 0, 2 states,
+    2 actions, rewards in {0, 1}; k in 0, 1, 2 or None."""
+    T = rng.integers(1, 5, size=int(rng.integers(2, 6)))
+    states = [[0] + [int(x) for x in rng.integers(0, 2, size=t - 1)] for t in T]
+    actions = [[int(x) for x in rng.integers(0, 2, size=t)] for t in T]
+    rewards = [[float(x) for x in rng.integers(0, 2, size=t)] for t in T]
+    return states, actions, rewards, [0, 1, 2, None][int(rng.integers(4))], float(rng.uniform(0.5, 1.0))
+
+
+def _nb36_level_reference(states, actions, rewards, k, gamma):
+    from agentrl_lib.algorithms import hgpo
+    from agentrl_lib.rollout import Episode
+
+    episodes = [Episode.of(s, r, action_ids=a) for s, a, r in zip(states, actions, rewards)]
+    return hgpo.level_advantages(episodes, k, gamma)
+
+
+def _nb36_weight_inputs(rng):
+    """(sizes, weighting, alpha): non-increasing group sizes in 1..6 over 1..4 levels."""
+    from agentrl_lib.algorithms import hgpo
+
+    sizes = np.sort(rng.integers(1, 7, size=int(rng.integers(1, 5))))[::-1].copy()
+    return sizes, str(rng.choice(hgpo.WEIGHTINGS)), float(rng.uniform(0.0, 3.0))
+
+
+def test_nb36_level_advantages_and_weights():
+    from agentrl_lib.algorithms import hgpo
+
+    def right_levels(states, actions, rewards, k, gamma, ddof=1):
+        groups = {}
+        for i, (ss, aa, rr) in enumerate(zip(states, actions, rewards)):
+            for t in range(len(ss)):
+                start = 0 if k is None else max(0, t - k)
+                ctx = tuple(x for j in range(start, t) for x in (ss[j], aa[j])) + (ss[t],)
+                g = sum(gamma ** (j - t) * rr[j] for j in range(t, len(rr)))
+                groups.setdefault(ctx, []).append((i, t, g))
+        out = [np.zeros(len(ss)) for ss in states]
+        for members in groups.values():
+            g = np.array([m[2] for m in members])
+            if len(g) > 1 and g.max() > g.min():
+                for (i, t, _), z in zip(members, (g - g.mean()) / (g.std(ddof=ddof) + 1e-4)):
+                    out[i][t] = z
+        return out
+
+    def right_weights(sizes, weighting, alpha, keep_singletons=False):
+        K1 = len(sizes)
+        ok = [s >= 2 or keep_singletons for s in sizes]
+        w = np.zeros(K1)
+        if not any(ok):
+            return w
+        if weighting == "deepest":
+            w[max(k for k in range(K1) if ok[k])] = 1.0
+            return w
+        for k in range(K1):
+            if ok[k]:
+                w[k] = (k + 1.0) ** (alpha if weighting == "power" else 0.0)
+        return w / w.sum()
+
+    _answerable(right_levels, lambda *x: right_levels(*x, ddof=0),  # the population std
+                _nb36_level_reference, _nb36_level_inputs)
+    _answerable(right_weights, lambda *x: right_weights(*x, keep_singletons=True),  # weights singletons
+                hgpo.hierarchy_weights, _nb36_weight_inputs)
