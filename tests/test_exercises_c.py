@@ -228,3 +228,170 @@ def test_nb36_level_advantages_and_weights():
                 _nb36_level_reference, _nb36_level_inputs)
     _answerable(right_weights, lambda *x: right_weights(*x, keep_singletons=True),  # weights singletons
                 hgpo.hierarchy_weights, _nb36_weight_inputs)
+
+
+# 37_oprl
+def _nb37_dpo_inputs(rng):
+    """(logps_n, ref_logps_n, owner_n, num_episodes, chosen, rejected, beta): 2..5 episodes of 1..3
+    turns, 1..4 pairs of distinct episodes."""
+    T = rng.integers(1, 4, size=int(rng.integers(2, 6)))
+    owner = torch.tensor(np.repeat(np.arange(len(T)), T))
+    pairs = [rng.choice(len(T), size=2, replace=False) for _ in range(int(rng.integers(1, 5)))]
+    return (torch.tensor(-rng.uniform(0.1, 2.0, size=len(owner))),
+            torch.tensor(-rng.uniform(0.1, 2.0, size=len(owner))), owner, len(T),
+            torch.tensor([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs]),
+            float(rng.uniform(0.1, 2.0)))
+
+
+def _nb37_istar_inputs(rng):
+    """(outcomes, step_rewards, alpha): 2..5 episodes of 1..4 turns, outcomes in {0, 1}."""
+    T = rng.integers(1, 5, size=int(rng.integers(2, 6)))
+    return ([float(x) for x in rng.integers(0, 2, size=len(T))], [rng.normal(size=t) for t in T],
+            float(rng.uniform(0.0, 2.0)))
+
+
+def _nb37_istar_reference(outcomes, step_rewards, alpha):
+    from agentrl_lib.algorithms import oprl
+    from agentrl_lib.rollout import Episode
+
+    episodes = [Episode.of(["s"] * len(r), [0.0] * (len(r) - 1) + [R])
+                for R, r in zip(outcomes, step_rewards)]
+    return oprl.oprl_advantages(episodes, step_rewards, alpha)
+
+
+def test_nb37_trajectory_dpo_and_istar_advantages():
+    from agentrl_lib.algorithms import oprl
+
+    def right_dpo(lp, ref, owner, B, chosen, rejected, beta, per_turn_mean=False):
+        lp, ref, owner = np.asarray(lp), np.asarray(ref), np.asarray(owner)
+        ratio = np.zeros(B)
+        for n in range(len(owner)):
+            ratio[owner[n]] += lp[n] - ref[n]
+        if per_turn_mean:  # averages the log-ratio over the turns instead of summing
+            ratio /= np.bincount(owner, minlength=B)
+        h = beta * (ratio[np.asarray(chosen)] - ratio[np.asarray(rejected)])
+        return float(np.mean(np.log1p(np.exp(-h))))
+
+    def normalise(x):
+        x = np.asarray(x, dtype=float)
+        if len(x) < 2 or x.max() == x.min():
+            return np.zeros(len(x))
+        return (x - x.mean()) / (x.std(ddof=1) + 1e-4)
+
+    def right_istar(outcomes, step_rewards, alpha, per_episode_steps=False):
+        a_e = normalise(outcomes)
+        if per_episode_steps:  # normalises each episode's steps on their own
+            a_s = [normalise(r) for r in step_rewards]
+        else:
+            flat = normalise(np.concatenate(step_rewards))
+            a_s = np.split(flat, np.cumsum([len(r) for r in step_rewards])[:-1])
+        return [a_e[i] + alpha * a_s[i] for i in range(len(outcomes))]
+
+    _answerable(right_dpo, lambda *x: right_dpo(*x, per_turn_mean=True),
+                lambda *a: oprl.trajectory_dpo_loss(*a)[0], _nb37_dpo_inputs)
+    _answerable(right_istar, lambda *x: right_istar(*x, per_episode_steps=True),
+                _nb37_istar_reference, _nb37_istar_inputs)
+
+
+# 38_igpo
+def _nb38_igpo_inputs(rng):
+    """(outcomes, p_gold, gamma): 1..5 episodes of 1..4 turns, outcomes in {0, 1}."""
+    T = rng.integers(1, 5, size=int(rng.integers(1, 6)))
+    return ([float(x) for x in rng.integers(0, 2, size=len(T))], [rng.uniform(size=t + 1) for t in T],
+            float(rng.uniform(0.5, 1.0)))
+
+
+def _nb38_igpo_reference(outcomes, p_gold, gamma):
+    from agentrl_lib.algorithms import igpo
+    from agentrl_lib.rollout import Episode
+
+    episodes = [Episode.of(["s"] * (len(p) - 1), [0.0] * (len(p) - 2) + [R])
+                for R, p in zip(outcomes, p_gold)]
+    return igpo.igpo_advantages(episodes, p_gold, gamma)
+
+
+def test_nb38_igpo_advantages():
+    def right(outcomes, p_gold, gamma, normalise_after_sum=False):
+        rewards = []
+        for R, p in zip(outcomes, p_gold):
+            r = [p[t + 1] - p[t] for t in range(len(p) - 1)]
+            r[-1] = R
+            rewards.append(np.array(r))
+
+        def to_go(r):
+            return np.array([sum(gamma ** (k - t) * r[k] for k in range(t, len(r))) for t in range(len(r))])
+
+        def normalise(parts):
+            flat = np.concatenate(parts)
+            if len(flat) < 2 or flat.max() == flat.min():
+                flat = np.zeros(len(flat))
+            else:
+                flat = (flat - flat.mean()) / (flat.std(ddof=1) + 1e-4)
+            return np.split(flat, np.cumsum([len(x) for x in parts])[:-1])
+
+        if normalise_after_sum:  # sums to go first, then normalises the returns
+            return normalise([to_go(r) for r in rewards])
+        return [to_go(r) for r in normalise(rewards)]
+
+    _answerable(right, lambda *x: right(*x, normalise_after_sum=True), _nb38_igpo_reference,
+                _nb38_igpo_inputs)
+
+
+# 39_empg
+def _nb39_logits_inputs(rng):
+    """(logits,): shape (B, A) with B in 1..4 and A in 2..6, scale up to 4."""
+    return (rng.normal(scale=rng.uniform(0.1, 4.0), size=(int(rng.integers(1, 5)), int(rng.integers(2, 7)))),)
+
+
+def _nb39_empg_inputs(rng):
+    """(base, entropies, k, k_prime, zeta): 1..4 episodes of 1..4 turns, entropies in [0, log 4]."""
+    T = rng.integers(1, 5, size=int(rng.integers(1, 5)))
+    return ([rng.normal(size=t) for t in T], [rng.uniform(0.0, np.log(4), size=t) for t in T],
+            float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 0.5)))
+
+
+def _nb39_empg_reference(base, entropies, k, k_prime, zeta):
+    from agentrl_lib.algorithms import empg
+    from agentrl_lib.rollout import Episode
+
+    episodes = [Episode.of(["s"] * len(a), [0.0] * len(a)) for a in base]
+    return empg.empg_advantages(episodes, entropies, k=k, k_prime=k_prime, zeta=zeta,
+                                base_advantages=base, final_norm="none")
+
+
+def test_nb39_score_norm_and_empg_modulation():
+    from agentrl_lib.algorithms import empg
+
+    def right_score(logits, squared_probs=True):
+        out = np.zeros(logits.shape[:-1])
+        for idx in np.ndindex(out.shape):
+            z = logits[idx]
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            # E_a ||e_a - p||^2, summed over the actions
+            out[idx] = sum(p[a] * sum(((b == a) - p[b]) ** 2 for b in range(len(p))) for a in range(len(p)))
+            if not squared_probs:  # the Shannon entropy, the quantity it is often confused with
+                out[idx] = -(p * np.log(p)).sum()
+        return out
+
+    def right_empg(base, entropies, k, k_prime, zeta, bonus_same_turn=False):
+        flat = np.concatenate(entropies)
+        lo, hi = flat.min(), flat.max()
+        hn = [(h - lo) / (hi - lo + 1e-8) for h in entropies]
+        raw = [np.exp(-k * h) for h in hn]
+        mean_raw = np.concatenate(raw).mean()
+        out = []
+        for a, h, r in zip(base, hn, raw):
+            f = np.zeros(len(h))
+            for t in range(len(h)):
+                if bonus_same_turn:
+                    f[t] = zeta * np.exp(-k_prime * h[t])
+                elif t + 1 < len(h):
+                    f[t] = zeta * np.exp(-k_prime * h[t + 1])
+            out.append(r / mean_raw * a + f)
+        return out
+
+    _answerable(right_score, lambda z: right_score(z, squared_probs=False),
+                empg.expected_score_norm_sq, _nb39_logits_inputs)
+    _answerable(right_empg, lambda *x: right_empg(*x, bonus_same_turn=True),  # f(H_t), not H_{t+1}
+                _nb39_empg_reference, _nb39_empg_inputs)
