@@ -19,7 +19,8 @@ def _answerable(right, wrong, reference, make_inputs, **kw):
 def _nb32_v_target_inputs(rng):
     """(q_t, probs): B in 1..4, E in 1..3 members, A in 2..5 actions (+1 malformed column)."""
     B, E, A = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(2, 6))
-    return torch.tensor(rng.normal(size=(B, E, A + 1))), torch.tensor(rng.dirichlet(np.ones(A), size=B))
+    return (torch.tensor(rng.normal(size=(B, E, A + 1))),
+            torch.tensor(rng.dirichlet(np.ones(A), size=B)))
 
 
 def _nb32_advantage_inputs(rng):
@@ -39,7 +40,8 @@ def test_nb32_v_targets_and_pessimistic_advantage():
         out = np.zeros((B, E))
         for b in range(B):
             for e in range(E):
-                out[b, e] = q[b, e, :A].max() if greedy else sum(p[b, a] * q[b, e, a] for a in range(A))
+                out[b, e] = (q[b, e, :A].max() if greedy
+                             else sum(p[b, a] * q[b, e, a] for a in range(A)))
         return out
 
     def right_adv(q, v, a, agg=min):
@@ -48,7 +50,7 @@ def test_nb32_v_targets_and_pessimistic_advantage():
 
     _answerable(right_v, lambda q, p: right_v(q, p, greedy=True),  # the Q-learning max target
                 archer.v_targets, _nb32_v_target_inputs)
-    _answerable(right_adv, lambda q, v, a: right_adv(q, v, a, agg=np.mean),  # ensemble mean, not min
+    _answerable(right_adv, lambda q, v, a: right_adv(q, v, a, agg=np.mean),  # ensemble mean
                 archer.advantages_from_critic, _nb32_advantage_inputs)
 
 
@@ -57,7 +59,8 @@ def _nb33_spa_inputs(rng):
     """(contributions, valid, alpha, beta, gamma): 1..4 episodes of 1..6 turns, ~80% executable."""
     T = rng.integers(1, 7, size=int(rng.integers(1, 5)))
     return ([rng.normal(size=t) for t in T], [(rng.random(t) < 0.8).astype(float) for t in T],
-            float(rng.uniform(0.0, 2.0)), float(rng.uniform(0.0, 1.0)), float(rng.uniform(0.5, 1.0)))
+            float(rng.uniform(0.0, 2.0)), float(rng.uniform(0.0, 1.0)),
+            float(rng.uniform(0.5, 1.0)))
 
 
 def _nb33_spa_reference(contributions, valid, alpha, beta, gamma):
@@ -92,7 +95,8 @@ def test_nb33_spa_advantages():
 
 # 34_credit_arena
 def _nb34_pg_inputs(rng):
-    """(rows, actions, adv, probs, num_rows, num_episodes): 1..10 turns over 1..4 rows, 2..4 actions."""
+    """(rows, actions, adv, probs, num_rows, num_episodes): 1..10 turns over 1..4 rows, 2..4
+    actions."""
     R, A, N = int(rng.integers(1, 5)), int(rng.integers(2, 5)), int(rng.integers(1, 11))
     return (rng.integers(0, R, size=N), rng.integers(0, A, size=N), rng.normal(size=N),
             rng.dirichlet(np.ones(A), size=R), R, int(rng.integers(1, 5)))
@@ -133,7 +137,8 @@ def test_nb34_pg_direction_and_affine_mse():
 
 # 35_salt
 def _nb35_salt_inputs(rng):
-    """(states, actions, outcomes): 2..6 episodes of 1..4 turns from state 0, 3 states, 2 actions."""
+    """(states, actions, outcomes): 2..6 episodes of 1..4 turns from state 0, 3 states, 2
+    actions."""
     G = int(rng.integers(2, 7))
     T = rng.integers(1, 5, size=G)
     states = [[0] + [int(x) for x in rng.integers(0, 3, size=t - 1)] for t in T]
@@ -160,7 +165,7 @@ def test_nb35_salt_edge_mean():
         return [np.array([np.mean(traversals[edge(s, a)]) for s, a in zip(ss, aa)])
                 for ss, aa in zip(states, actions)]
 
-    _answerable(right, lambda *x: right(*x, edge=lambda s, a: s),  # merges on the node, not the edge
+    _answerable(right, lambda *x: right(*x, edge=lambda s, a: s),  # merges nodes, not edges
                 _nb35_salt_reference, _nb35_salt_inputs)
 
 
@@ -172,7 +177,8 @@ def _nb36_level_inputs(rng):
     states = [[0] + [int(x) for x in rng.integers(0, 2, size=t - 1)] for t in T]
     actions = [[int(x) for x in rng.integers(0, 2, size=t)] for t in T]
     rewards = [[float(x) for x in rng.integers(0, 2, size=t)] for t in T]
-    return states, actions, rewards, [0, 1, 2, None][int(rng.integers(4))], float(rng.uniform(0.5, 1.0))
+    return (states, actions, rewards, [0, 1, 2, None][int(rng.integers(4))],
+            float(rng.uniform(0.5, 1.0)))
 
 
 def _nb36_level_reference(states, actions, rewards, k, gamma):
@@ -226,7 +232,7 @@ def test_nb36_level_advantages_and_weights():
 
     _answerable(right_levels, lambda *x: right_levels(*x, ddof=0),  # the population std
                 _nb36_level_reference, _nb36_level_inputs)
-    _answerable(right_weights, lambda *x: right_weights(*x, keep_singletons=True),  # weights singletons
+    _answerable(right_weights, lambda *x: right_weights(*x, keep_singletons=True),  # singletons
                 hgpo.hierarchy_weights, _nb36_weight_inputs)
 
 
@@ -297,8 +303,8 @@ def test_nb37_trajectory_dpo_and_istar_advantages():
 def _nb38_igpo_inputs(rng):
     """(outcomes, p_gold, gamma): 1..5 episodes of 1..4 turns, outcomes in {0, 1}."""
     T = rng.integers(1, 5, size=int(rng.integers(1, 6)))
-    return ([float(x) for x in rng.integers(0, 2, size=len(T))], [rng.uniform(size=t + 1) for t in T],
-            float(rng.uniform(0.5, 1.0)))
+    return ([float(x) for x in rng.integers(0, 2, size=len(T))],
+            [rng.uniform(size=t + 1) for t in T], float(rng.uniform(0.5, 1.0)))
 
 
 def _nb38_igpo_reference(outcomes, p_gold, gamma):
@@ -319,7 +325,8 @@ def test_nb38_igpo_advantages():
             rewards.append(np.array(r))
 
         def to_go(r):
-            return np.array([sum(gamma ** (k - t) * r[k] for k in range(t, len(r))) for t in range(len(r))])
+            return np.array([sum(gamma ** (k - t) * r[k] for k in range(t, len(r)))
+                             for t in range(len(r))])
 
         def normalise(parts):
             flat = np.concatenate(parts)
@@ -340,14 +347,16 @@ def test_nb38_igpo_advantages():
 # 39_empg
 def _nb39_logits_inputs(rng):
     """(logits,): shape (B, A) with B in 1..4 and A in 2..6, scale up to 4."""
-    return (rng.normal(scale=rng.uniform(0.1, 4.0), size=(int(rng.integers(1, 5)), int(rng.integers(2, 7)))),)
+    return (rng.normal(scale=rng.uniform(0.1, 4.0),
+                       size=(int(rng.integers(1, 5)), int(rng.integers(2, 7)))),)
 
 
 def _nb39_empg_inputs(rng):
     """(base, entropies, k, k_prime, zeta): 1..4 episodes of 1..4 turns, entropies in [0, log 4]."""
     T = rng.integers(1, 5, size=int(rng.integers(1, 5)))
     return ([rng.normal(size=t) for t in T], [rng.uniform(0.0, np.log(4), size=t) for t in T],
-            float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 0.5)))
+            float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 3.0)),
+            float(rng.uniform(0.0, 0.5)))
 
 
 def _nb39_empg_reference(base, entropies, k, k_prime, zeta):
@@ -369,7 +378,8 @@ def test_nb39_score_norm_and_empg_modulation():
             p = np.exp(z - z.max())
             p /= p.sum()
             # E_a ||e_a - p||^2, summed over the actions
-            out[idx] = sum(p[a] * sum(((b == a) - p[b]) ** 2 for b in range(len(p))) for a in range(len(p)))
+            A = len(p)
+            out[idx] = sum(p[a] * sum(((b == a) - p[b]) ** 2 for b in range(A)) for a in range(A))
             if not squared_probs:  # the Shannon entropy, the quantity it is often confused with
                 out[idx] = -(p * np.log(p)).sum()
         return out
