@@ -6,11 +6,8 @@ tables and figures, every link resolving, a screenshot taken.
 elsewhere these tests skip and say so. In CI (``CI`` set) a missing browser fails instead, so the
 browser tests cannot pass there by being skipped."""
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_lab import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,12 +73,6 @@ def _png_is_not_blank(path: Path) -> bool:
 
     img = mpimg.imread(path)  # (H, W, C) floats
     return img.shape[0] > 100 and img.shape[1] > 100 and float(img[..., :3].std()) > 0.02
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_report_renders_with_tables_figures_and_links(driver, tmp_path, monkeypatch):
@@ -192,8 +184,4 @@ def test_slider_changes_the_view_in_jupyterlab(driver, tmp_path):
         driver.save_screenshot(str(shot))
         assert _png_is_not_blank(shot)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)

@@ -23,6 +23,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """End a server started with ``start_new_session=True`` and everything it started."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
@@ -54,8 +63,4 @@ def test_make_lab_serves_the_notebooks_with_widgets():
         names = {c["name"] for c in json.loads(get(f"{base}/api/contents/"))["content"]}
         assert "01_mdp_dynamic_programming.ipynb" in names and "README.md" in names
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
