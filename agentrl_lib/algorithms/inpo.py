@@ -25,6 +25,7 @@ import torch
 from agentrl_lib.algorithms.dpo import dpo_loss
 from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, total_variation
 from agentrl_lib.rollout import model_device
+from agentrl_lib.utils import progress
 
 LOSS_TYPES = ("sigmoid", "inpo")
 
@@ -187,7 +188,7 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
     device = model_device(model)  # every tensor the loss touches lives there
     ref_logps = torch.as_tensor(ref_logps, device=device).detach().float()  # (S, K)
     out = {"exploitability": [], "tv": [], "pis": []}
-    for t in range(cfg.num_iters + 1):
+    for t in progress(range(cfg.num_iters + 1), desc="inpo"):
         with torch.no_grad():
             prev = lm_candidate_logps(model, tokenizer, prompts, candidates).float()  # (S, K) pi_t
         pi = prev.exp().double().cpu().numpy()

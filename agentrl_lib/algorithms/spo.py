@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, total_variation
+from agentrl_lib.utils import progress
 
 ARMS = ("spo", "reward_model")
 
@@ -164,7 +165,7 @@ def train(bandit: PrefBandit, cfg: SPOConfig, theta0=None, target=None) -> dict:
             out["tv"].append(total_variation(pi, target))
             out["avg_tv"].append(total_variation(pi_sum / t, target))
 
-    for t in range(cfg.num_iters):
+    for t in progress(range(cfg.num_iters), desc="spo"):
         pi = softmax(theta)
         pi_sum += pi
         log(pi, t + 1)

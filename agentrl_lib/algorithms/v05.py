@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from agentrl_lib.core import all_equal
+from agentrl_lib.utils import progress
 
 ESTIMATORS = ("grpo", "dapo", "fused", "v05")
 
@@ -331,6 +332,7 @@ def train(bandit, cfg: V05Config, rng: np.random.Generator) -> dict:
     N = len(bandit.theta)
     out = {"rollouts": [0], "success": [float(bandit.p.mean())], "rounds": []}
     spent = 0
+    bar = progress(total=cfg.rollout_budget, desc=f"v05 ({cfg.estimator})", unit="rollout")
     while spent < cfg.rollout_budget:
         idx = rng.choice(N, size=min(cfg.num_prompts, N), replace=False)
         rnd = sample_round(bandit, idx, cfg, rng)
@@ -339,9 +341,11 @@ def train(bandit, cfg: V05Config, rng: np.random.Generator) -> dict:
             bandit.step(rnd.idx, g, cfg.lr)
             rnd.metrics["zero_adv_frac"] = gm["zero_adv_frac"]
         spent += rnd.rollouts
+        bar.update(rnd.rollouts)
         out["rollouts"].append(spent)
         out["success"].append(float(bandit.p.mean()))
         out["rounds"].append(rnd.metrics)
+    bar.close()
     return out
 
 
