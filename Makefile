@@ -20,7 +20,7 @@ NOTEBOOKS ?= all
 LAB_ARGS ?=
 # the SFT bases shipped in bases/ (the cache is filled from there, without training)
 BASES  := arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny \
-          prog-tiny
+          prog-tiny chain-tiny
 
 .PHONY: setup browser test report lab clean-runs
 
