@@ -83,20 +83,35 @@ def scheduled(schedule, it: int, default):
     return int([v for s, v in schedule if int(s) <= it][-1])
 
 
-def optimizer_step(optimizer, loss, max_grad_norm: float | None = None, clip_groups=None) -> None:
-    """One gradient step: zero the gradients, backpropagate ``loss``, clip the gradient norm to
-    ``max_grad_norm`` (None: no clipping), step. The norm is taken over all of the optimizer's
-    parameters together, or over each list of parameters in ``clip_groups`` on its own (so that a
-    large value gradient cannot shrink the policy's step)."""
+def grad_norm(parameters) -> float:
+    """The L2 norm of the gradients of ``parameters`` taken together (0.0 where none has one),
+    computed as ``torch.nn.utils.clip_grad_norm_`` does (the norm of the per-tensor norms)."""
+    import torch
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def optimizer_step(optimizer, loss, max_grad_norm: float | None = None, clip_groups=None,
+                   parameters=None) -> float:
+    """One gradient step, the only one in the library: zero the gradients, backpropagate ``loss``,
+    clip the gradient norm to ``max_grad_norm`` (None: no clipping), step. The clip norm is taken
+    over all of the optimizer's parameters together, or over each list of parameters in
+    ``clip_groups`` on its own (so that a large value gradient cannot shrink the policy's step).
+
+    Returns the gradient norm before clipping, over ``parameters`` (default: every parameter of
+    the optimizer), so a loop can log ``losses/grad_norm`` without a second pass."""
     import torch
 
     optimizer.zero_grad()
     loss.backward()
+    every = [p for g in optimizer.param_groups for p in g["params"]]
+    norm = grad_norm(every if parameters is None else list(parameters))
     if max_grad_norm is not None:
-        groups = clip_groups or [[p for g in optimizer.param_groups for p in g["params"]]]
-        for params in groups:
+        for params in clip_groups or [every]:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
+    return norm
 
 
 class MetricsLogger:
