@@ -154,8 +154,9 @@ def test_train_moves_both_policies_and_logs_per_agent_norms():
             "answerer": KeyTablePolicy(len(env.answerer_actions), seed=1)}
     cfg = dr_mas.DrMASConfig(num_iters=3, num_prompts=2, group_size=4, normalisation="global")
     hist = dr_mas.train(make, pols, cfg, list(range(50)),
-                        eval_fn=lambda p: dr_mas.evaluate_at_k(make, p, [1, 2], k=2))
-    assert len(hist) == 3 and all(h["losses/grad_norm_searcher"] >= 0 for h in hist)
+                        evaluate=lambda p: dr_mas.evaluate_at_k(make, p, [1, 2], k=2))
+    assert [h["iter"] for h in hist] == [0, 1, 2, 3]  # the start's evaluation, then each update
+    assert all(h["losses/grad_norm_searcher"] >= 0 for h in hist[1:])
     assert set(hist[-1]) >= {"eval/avg@2", "eval/pass@2", "losses/grad_norm_answerer"}
     for p in pols.values():
         assert p.logits.abs().sum() > 0

@@ -161,5 +161,5 @@ def test_batch_entry_and_training_loop():
         oprl.oprl_batch_advantages(batch, 4, policy=pol, ref_logps=oprl.policy_ref_logps(pol, batch))
     cr = oprl.OPRLCredit(oprl.ImplicitPRM(4, oprl.OPRLConfig(num_epochs=5)))
     hist = apg.train(make, pol, apg.AgentPGConfig(num_iters=2, num_prompts=2, group_size=4, eval_every=5),
-                     list(range(20)), advantage_fn=cr)
+                     list(range(20)), credit_fn=cr)
     assert len(hist) == 2 and len(cr.metrics) == 2 and pol.logits.abs().sum().item() > 0

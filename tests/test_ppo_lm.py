@@ -206,15 +206,16 @@ def test_train_rows_match_grpo_interface():
             runs[name] = grpo.train(model, sample, cfg, evaluate)
     ppo_rows, grpo_rows = runs["ppo"], runs["grpo"]
     assert [r["iter"] for r in ppo_rows] == [0, 1, 2] and "eval/acc" in ppo_rows[-1]
+    assert [r["iter"] for r in grpo_rows] == [0, 1, 2] and "eval/acc" in grpo_rows[0]
     for key in ("rollout/reward", "time/step_s", "time/gen_s", "rollout/completion_len",
                 "eval/acc", "losses/loss", "losses/entropy", "losses/clipfrac"):
-        assert key in ppo_rows[0] and key in grpo_rows[0]
+        assert key in ppo_rows[1] and key in grpo_rows[1]
     for key in ("losses/explained_variance", "losses/value_loss", "losses/policy_loss",
                 "losses/value_mean"):
-        assert key in ppo_rows[0]
+        assert key in ppo_rows[1]
     # same seed, prompts and group size: the first batch of samples is the same
-    assert ppo_rows[0]["rollout/reward"] == grpo_rows[0]["rollout/reward"]
-    assert ppo_rows[0]["rollout/completion_len"] == grpo_rows[0]["rollout/completion_len"]
+    assert ppo_rows[1]["rollout/reward"] == grpo_rows[1]["rollout/reward"]
+    assert ppo_rows[1]["rollout/completion_len"] == grpo_rows[1]["rollout/completion_len"]
 
 
 def test_optimizer_groups(tiny_lm):

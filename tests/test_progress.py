@@ -4,7 +4,7 @@ and in headless runs; the library's long loops use them."""
 import pytest
 
 from agentrl_lib import utils
-from agentrl_lib.algorithms import grpo
+from agentrl_lib.algorithms import loop
 
 FLAGS = ("AGENTRL_QUIET", "CI", "AGENTRL_HEADLESS")
 
@@ -37,14 +37,14 @@ def _run_loop():
         def eval(self):
             pass
 
-    return grpo.loop(M(), lambda m: _Batch(), lambda b: {"losses/loss": 1.0}, num_iters=3,
-                     eval_every=10)
+    return loop.run(M(), lambda m, it: _Batch(), lambda b, it: {"losses/loss": 1.0}, num_iters=3,
+                    evaluate=lambda m: {"acc": 0.0}, eval_every=10)
 
 
 def test_the_lm_loop_shows_a_bar_unless_quiet(loud, capsys):
     rows = _run_loop()
     err = capsys.readouterr().err
-    assert len(rows) == 4 and "updates:" in err and "/4 [" in err  # tqdm text bar on stderr
+    assert len(rows) == 4 and "updates:" in err and "/3 [" in err  # tqdm text bar on stderr
     loud.setenv("AGENTRL_QUIET", "1")
     quiet = _run_loop()
     assert [r["iter"] for r in quiet] == [r["iter"] for r in rows]

@@ -2,16 +2,16 @@
 
 One loop for every credit-assignment notebook at the tabular level: play a batch of episode
 groups with ``play_episodes`` (group i = ``group_size`` episodes of one task seed), turn the
-record into one advantage per turn (``cfg.estimator`` or your own ``advantage_fn``), and take
+record into one advantage per turn (``cfg.estimator`` or your own ``credit_fn``), and take
 PPO-clipped steps on  L = -mean_t min(rho_t A_t, clip(rho_t) A_t)  over all turns of the batch
 (turn-level aggregation; with ``num_epochs=1`` this is plain REINFORCE with A_t, since
 rho = 1 at the first step). The policy is any table of ``models.policies`` with ``act``, ``probs``
 and ``episode_logps`` (``KeyTablePolicy``).
 
-Logged rows: ``iter``, ``episodes`` (played so far), ``rollout/*`` (success, return, turns,
-invalid, abs_adv, entropy: the mean policy entropy over the batch's turns, max_turns: the turn cap
-used), ``losses/*`` (loss, clipfrac, approx_kl, grad_norm: the gradient's L2 norm before the step)
-and ``eval/*`` (``eval_fn``'s dict).
+Logged rows (``loop.run``): ``iter`` (updates done), ``episodes`` (played so far), ``rollout/*``
+(success, return, turns, invalid, abs_adv, entropy: the mean policy entropy over the batch's turns,
+max_turns: the turn cap used), ``losses/*`` (loss, clipfrac, approx_kl, grad_norm: the gradient's
+L2 norm before the step) and ``eval/*`` (``evaluate``'s dict).
 
 Hooks for the long-horizon papers: ``entropy_coef`` adds a constant entropy bonus
 -coef * mean_t H(pi(.|k_t)) to the loss; ``train(..., regulariser=fn)`` adds any other term of the
@@ -27,20 +27,20 @@ of history-consistent groups, ``hgpo.py``), 'empg' (GRPO's advantage modulated b
 turn entropies, ``empg.py``), 'hiper' (HiPER's segment-cut GAE with turn_gae's critic, segments
 by stage or of ``segment_len`` turns, ``hiper.py``). The estimators that need a fitted model of
 their own (ArCHer's critic, SPA-RL's progress model, OPRL's implicit PRM) or task knowledge (IGPO's
-p(gold)) plug in through ``advantage_fn``.
+p(gold)) plug in through ``credit_fn``, the name the LM loop (``grpo.train``) uses too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms import credit
+from agentrl_lib.algorithms import credit, loop
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
-from agentrl_lib.utils import check_schedule, progress, scheduled
+from agentrl_lib.utils import check_schedule, optimizer_step, scheduled
 
 ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae", "salt", "hgpo", "empg", "hiper")
 CRITIC_ESTIMATORS = ("turn_gae", "hiper")  # the loop fits its tabular critic for these
@@ -58,7 +58,7 @@ class AgentPGConfig:
     lr: float = 0.1
     """Adam learning rate of the policy"""
     estimator: str = "grpo"
-    """one of ``ESTIMATORS`` (ignored when advantage_fn is given)"""
+    """one of ``ESTIMATORS`` (ignored when credit_fn is given)"""
     gamma: float = 0.95
     """discount of step returns (GiGPO step groups, turn GAE); GiGPO's paper value"""
     lam: float = 0.95
@@ -87,7 +87,7 @@ class AgentPGConfig:
     """weight of a constant entropy bonus: loss -= entropy_coef * mean turn entropy (needs a
     policy with ``episode_entropies``)"""
     eval_every: int = 10
-    """iterations between eval_fn calls"""
+    """updates between evaluations (``loop.run``)"""
     seed: int = 0
     """seed of the task draws (the policy has its own rng)"""
 
@@ -146,12 +146,6 @@ def fit_critic(critic: dict, episodes, gamma: float, step: float) -> dict:
     return critic
 
 
-def grad_norm(parameters) -> float:
-    """The L2 norm of the gradients of ``parameters`` together (0 where none)."""
-    sq = [p.grad.detach().pow(2).sum() for p in parameters if p.grad is not None]
-    return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
-
-
 def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig, regulariser=None,
            it: int = 0) -> dict:
     """PPO-clipped steps on one batch, turn-level mean, plus ``cfg.entropy_coef``'s bonus and
@@ -165,7 +159,6 @@ def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig, regulari
     with torch.no_grad():
         old = policy.episode_logps(episodes)  # (N,)
     metrics = {}
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     for _ in range(cfg.num_epochs):
         logps = policy.episode_logps(episodes)  # (N,)
         loss, metrics = ppo_clip_loss(logps, old, adv, clip_eps=cfg.clip_eps)
@@ -178,66 +171,86 @@ def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig, regulari
                 reg, reg_metrics = regulariser(ent, it)
                 loss = loss + reg
                 metrics.update({f"reg_{k}": v for k, v in reg_metrics.items()})
-        optimizer.zero_grad()
-        loss.backward()
-        metrics["grad_norm"] = grad_norm(params)
-        optimizer.step()
+        metrics["grad_norm"] = optimizer_step(optimizer, loss)
         metrics["loss"] = loss.item()
     return {f"losses/{k}": v for k, v in metrics.items()}
 
 
-def train(make_env, policy, cfg: AgentPGConfig, train_seeds, advantage_fn=None,
-          eval_fn=None, log=None, regulariser=None) -> list[dict]:
-    """Train ``policy`` for ``cfg.num_iters`` batches. Returns one row per iteration: episodes so
-    far, batch success rate and return, mean |A|, the loss metrics, and ``eval_fn(policy)``'s dict
-    (under ``eval/``) every eval_every iterations, the first and the last.
+@dataclass
+class EpisodeBatch:
+    """One round of a multi-turn trainer on a table or MLP policy: what ``update`` trains on."""
+
+    episodes: list
+    """the ``Episode`` records, group-major"""
+    metrics: dict = field(default_factory=dict)
+    """the round's ``rollout/*`` statistics and counters"""
+    extra: dict = field(default_factory=dict)
+    """what a sampler hands its own update (a tree's nodes, a judge's rewards)"""
+
+
+def draw_seeds(train_seeds, rng: np.random.Generator, it: int, n: int):
+    """Iteration ``it``'s task seeds: ``n`` drawn uniformly with replacement from ``train_seeds``,
+    or ``train_seeds(it, rng, n)`` when it is a function (a curriculum)."""
+    if callable(train_seeds):
+        return train_seeds(it, rng, n)
+    return rng.choice(np.asarray(train_seeds), size=n)
+
+
+def episode_sampler(make_env, cfg: AgentPGConfig, train_seeds):
+    """``sample(policy, it) -> EpisodeBatch``: ``cfg.num_prompts`` task seeds (``draw_seeds``,
+    seeded by ``cfg.seed``) x ``cfg.group_size`` episodes played by ``policy.act``, cut at
+    ``cfg.max_turns_at(it)``. Metrics: ``episodes`` (played so far), ``rollout/*``."""
+    rng = np.random.default_rng(cfg.seed)
+
+    def sample(policy, it: int) -> EpisodeBatch:
+        seeds = draw_seeds(train_seeds, rng, it, cfg.num_prompts)
+        max_turns = cfg.max_turns_at(it)
+        episodes = play_episodes(make_env, policy.act, list(seeds), cfg.group_size, max_turns)
+        metrics = {"episodes": (it + 1) * len(episodes), **episode_stats(episodes, "rollout/")}
+        if max_turns is not None:
+            metrics["rollout/max_turns"] = max_turns
+        return EpisodeBatch(episodes, metrics)
+    return sample
+
+
+def train(make_env, policy, cfg: AgentPGConfig, train_seeds, credit_fn=None, evaluate=None,
+          logger=None, regulariser=None, initial_eval: dict | None = None,
+          on_step=None) -> list[dict]:
+    """Train ``policy`` for ``cfg.num_iters`` batches: ``episode_sampler`` and ``update`` on
+    ``loop.run``. Rows: ``iter`` (updates done), ``episodes``, the batch's ``rollout/*``,
+    ``rollout/abs_adv``, ``rollout/entropy`` (after the update, when the policy has
+    ``episode_entropies``), ``losses/*``, and ``evaluate(policy)``'s dict under ``eval/`` at the
+    start, every ``cfg.eval_every`` updates and after the last.
 
     train_seeds: the task seeds, drawn uniformly with replacement; or a function
     ``(it, rng, n) -> (n,) seeds`` that draws iteration ``it``'s seeds (a curriculum:
     ``curriculum.curriculum_seed_fn``).
-    advantage_fn(episodes) -> list of (T_i,) arrays replaces ``cfg.estimator`` (plug in ArCHer's
-    critic, SPA-RL's progress, or anything else). log: optional MetricsLogger. regulariser:
+    credit_fn(episodes) -> list of (T_i,) arrays replaces ``cfg.estimator`` (plug in ArCHer's
+    critic, SPA-RL's progress, or anything else). logger: optional MetricsLogger. regulariser:
     fn(turn entropies (N,), iteration) -> (loss term, metrics), added to the loss (``update``).
+    initial_eval: the start's evaluation when it is already known (``loop.run``).
     """
-    rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     critic: dict = {}
-    history, num_episodes = [], 0
-    for it in progress(range(cfg.num_iters), desc="agent_pg"):
-        seeds = (train_seeds(it, rng, cfg.num_prompts) if callable(train_seeds)
-                 else rng.choice(np.asarray(train_seeds), size=cfg.num_prompts))
-        max_turns = cfg.max_turns_at(it)
-        episodes = play_episodes(make_env, policy.act, list(seeds), cfg.group_size, max_turns)
-        num_episodes += len(episodes)
-        if advantage_fn is not None:
-            adv = advantage_fn(episodes)
+
+    def update_fn(batch: EpisodeBatch, it: int) -> dict:
+        episodes = batch.episodes
+        if credit_fn is not None:
+            adv = credit_fn(episodes)
         else:
             adv = estimate(episodes, cfg, critic, policy)
             if cfg.estimator in CRITIC_ESTIMATORS:
                 fit_critic(critic, episodes, cfg.gamma, cfg.critic_lr)
-        metrics = update(policy, optimizer, episodes, adv, cfg, regulariser, it)
-        row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/"),
-               "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))), **metrics}
-        if max_turns is not None:
-            row["rollout/max_turns"] = max_turns
+        row = update(policy, optimizer, episodes, adv, cfg, regulariser, it)
+        row["rollout/abs_adv"] = float(np.mean(np.abs(np.concatenate(adv))))
         if hasattr(policy, "episode_entropies"):
             with torch.no_grad():
                 row["rollout/entropy"] = float(policy.episode_entropies(episodes).mean())
-        close_row(row, it, cfg, eval_fn, policy, history, log)
-    return history
+        return row
 
-
-def close_row(row: dict, it: int, cfg, eval_fn, policy, history: list, log=None,
-              last: bool = False) -> None:
-    """The end of a training iteration in every multi-turn trainer: ``eval_fn(policy)``'s dict
-    under ``eval/`` every ``cfg.eval_every`` iterations, at the first and at the last (or when
-    ``last``), then the row appended to ``history`` and logged."""
-    if eval_fn is not None and ((it + 1) % cfg.eval_every == 0 or it == 0 or last
-                                or it + 1 == cfg.num_iters):
-        row.update({f"eval/{k}": v for k, v in eval_fn(policy).items()})
-    history.append(row)
-    if log is not None:
-        log.log(**row)
+    return loop.run(policy, episode_sampler(make_env, cfg, train_seeds), update_fn, cfg.num_iters,
+                    evaluate=evaluate, eval_every=cfg.eval_every, initial_eval=initial_eval,
+                    start={"episodes": 0}, logger=logger, on_step=on_step, desc="agent_pg")
 
 
 def evaluate(make_env, policy, seeds, greedy: bool = True, max_turns: int | None = None) -> dict:

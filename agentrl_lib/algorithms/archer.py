@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from agentrl_lib.algorithms import agent_pg, credit
+from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.rollout import episode_stats, play_episodes
-from agentrl_lib.utils import optimizer_step, progress
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 
@@ -95,7 +95,7 @@ class ArcherConfig:
     """bootstrap V^targ(s') when an episode hit the turn cap; set False when the turn is part of
     the state key, so the capped state is terminal (TwentyQuestions)"""
     eval_every: int = 5
-    """rounds between eval_fn calls"""
+    """rounds between evaluations (``loop.run``)"""
     seed: int = 0
     """seed of the task draws and the replay sampling"""
 
@@ -429,15 +429,16 @@ def actor_step(policy, critic: ArcherCritic, optimizer, cfg: ArcherConfig,
 
 
 def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | None = None,
-          features=None, feature_dim: int | None = None, eval_fn=None,
-          log=None) -> tuple[list[dict], ArcherCritic]:
-    """ArCHer with a non-LM actor (``policy.act`` for ``play_episodes``, ``policy.probs(keys)``).
+          features=None, feature_dim: int | None = None, evaluate=None, logger=None,
+          initial_eval: dict | None = None, on_step=None) -> tuple[list[dict], ArcherCritic]:
+    """ArCHer with a non-LM actor (``policy.act`` for ``play_episodes``, ``policy.probs(keys)``),
+    on ``loop.run``.
 
     Each round: play ``episodes_per_iter`` episodes with the current policy into the replay
     buffer; ``critic_updates`` TD steps (V target = E_pi Q^targ under the current policy);
-    after the warm-up, ``actor_updates`` actor steps on replayed states. Returns (history, critic);
-    history rows match ``agent_pg.train`` (iter, episodes, rollout/*, losses/* of the last critic
-    and actor steps, eval/*).
+    after the warm-up, ``actor_updates`` actor steps on replayed states. Returns (rows, critic);
+    rows match ``agent_pg.train``'s (iter, episodes, rollout/*, losses/* of the last critic and
+    actor steps, eval/*).
     """
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -450,18 +451,23 @@ def train(make_env, policy, cfg: ArcherConfig, train_seeds, num_actions: int | N
         with torch.no_grad():
             return policy.probs(keys)
 
-    history, num_episodes = [], 0
-    for it in progress(range(cfg.num_iters), desc="archer"):
+    def sample_fn(policy, it: int) -> agent_pg.EpisodeBatch:
         seeds = rng.choice(np.asarray(train_seeds), size=cfg.episodes_per_iter)
         episodes = play_episodes(make_env, policy.act, [int(s) for s in seeds], 1)
-        num_episodes += len(episodes)
-        critic.add(episodes)
-        row = {"iter": it + 1, "episodes": num_episodes, **episode_stats(episodes, "rollout/")}
+        return agent_pg.EpisodeBatch(episodes, {"episodes": (it + 1) * len(episodes),
+                                                **episode_stats(episodes, "rollout/")})
+
+    def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
+        critic.add(batch.episodes)
         m = critic.update(cfg.critic_updates, policy_probs if cfg.v_target == "policy" else None)
-        row.update({f"losses/{k}": v for k, v in m.items()})
+        row = {f"losses/{k}": v for k, v in m.items()}
         if it >= cfg.warmup_iters:
             for _ in range(cfg.actor_updates):
-                m = actor_step(policy, critic, optimizer, cfg, rng)
-                row.update({f"losses/{k}": v for k, v in m.items()})
-        agent_pg.close_row(row, it, cfg, eval_fn, policy, history, log)
-    return history, critic
+                row.update({f"losses/{k}": v
+                            for k, v in actor_step(policy, critic, optimizer, cfg, rng).items()})
+        return row
+
+    rows = loop.run(policy, sample_fn, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, start={"episodes": 0},
+                    logger=logger, on_step=on_step, desc="archer")
+    return rows, critic

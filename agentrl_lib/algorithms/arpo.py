@@ -63,9 +63,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms import agent_pg, credit
+from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.rollout import Episode, episode_stats
-from agentrl_lib.utils import progress
 
 ROLLOUTS = ("global", "arpo", "aepo")
 ATTRIBUTIONS = ("soft", "hard")
@@ -377,47 +376,54 @@ def tree_advantages(trees, cfg: ARPOConfig, h_max: float | None = None) -> list[
     return out
 
 
-def train(make_env, policy, cfg: ARPOConfig, train_seeds, eval_fn=None, log=None) -> list[dict]:
-    """Tabular ARPO / AEPO / GRPO (``cfg.rollout``): per update, ``num_prompts`` trees (tasks drawn
-    from ``train_seeds``), ``tree_advantages``, one ``agent_pg.update`` (PPO clip, turn-level mean
-    over all leaves' steps). Stops after ``num_iters`` updates or once ``max_tool_calls`` tool calls
-    were paid. Rows: iter, episodes, ``rollout/*`` (success, return, turns, tool_calls (this
-    batch), forks, num_global, entropy_first, entropy_post_tool), ``charts/tool_calls`` (cumulative),
-    ``losses/*``, ``eval/*`` (``eval_fn(policy)`` every eval_every updates, the first and the last).
+def train(make_env, policy, cfg: ARPOConfig, train_seeds, evaluate=None, logger=None,
+          initial_eval: dict | None = None, on_step=None) -> list[dict]:
+    """Tabular ARPO / AEPO / GRPO (``cfg.rollout``) on ``loop.run``: per update, ``num_prompts``
+    trees (tasks drawn from ``train_seeds``), ``tree_advantages``, one ``agent_pg.update`` (PPO
+    clip, turn-level mean over all leaves' steps). Stops after ``num_iters`` updates or once
+    ``max_tool_calls`` tool calls were paid. Rows: iter, episodes, ``rollout/*`` (success, return,
+    turns, tool_calls (this batch), forks, num_global, entropy_first, entropy_post_tool),
+    ``charts/tool_calls`` (cumulative), ``losses/*``, ``eval/*`` (``evaluate(policy)`` at the
+    start, every eval_every updates and after the last).
     """
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     pg_cfg = agent_pg.AgentPGConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, num_epochs=cfg.num_epochs)
-    h_max = None
-    rows, paid, n_eps = [], 0, 0
-    for it in progress(range(cfg.num_iters), desc="arpo"):
-        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+    h_max = math.log(policy.logits.shape[1])
+    paid, n_eps = 0, 0
+
+    def sample_fn(policy, it: int) -> agent_pg.EpisodeBatch:
+        nonlocal paid, n_eps
+        seeds = agent_pg.draw_seeds(train_seeds, rng, it, cfg.num_prompts)
         trees = [tree_rollout(make_env, policy, int(s), cfg, rng, group_id=g)
                  for g, s in enumerate(seeds)]
         episodes = [ep for t in trees for ep in t.episodes]
-        if h_max is None:
-            h_max = math.log(policy.logits.shape[1])
-        adv = tree_advantages(trees, cfg, h_max)
-        metrics = agent_pg.update(policy, optimizer, episodes, adv, pg_cfg)
         batch_calls = sum(t.tool_calls for t in trees)
         paid += batch_calls
         n_eps += len(episodes)
         ents = np.concatenate([ep.entropies for ep in episodes if len(ep)])
         post = np.concatenate([post_tool_mask(ep) for ep in episodes if len(ep)])
         first = np.concatenate([np.arange(len(ep)) == 0 for ep in episodes if len(ep)])
-        row = {"iter": it + 1, "episodes": n_eps, **episode_stats(episodes, "rollout/"),
-               "rollout/tool_calls": batch_calls, "charts/tool_calls": paid,
-               "rollout/forks": float(np.mean([t.forks for t in trees])),
-               "rollout/num_global": float(np.mean([t.num_global for t in trees])),
-               "rollout/entropy_first": float(ents[first].mean()),
-               "rollout/entropy_post_tool": float(ents[post].mean()) if post.any() else float("nan"),
-               **metrics}
-        last = it + 1 == cfg.num_iters or (cfg.max_tool_calls is not None
-                                           and paid >= cfg.max_tool_calls)
-        agent_pg.close_row(row, it, cfg, eval_fn, policy, rows, log, last=last)
-        if last:
-            break
-    return rows
+        return agent_pg.EpisodeBatch(episodes, {
+            "episodes": n_eps, **episode_stats(episodes, "rollout/"),
+            "rollout/tool_calls": batch_calls, "charts/tool_calls": paid,
+            "rollout/forks": float(np.mean([t.forks for t in trees])),
+            "rollout/num_global": float(np.mean([t.num_global for t in trees])),
+            "rollout/entropy_first": float(ents[first].mean()),
+            "rollout/entropy_post_tool": float(ents[post].mean()) if post.any() else float("nan"),
+        }, extra={"trees": trees})
+
+    def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
+        adv = tree_advantages(batch.extra["trees"], cfg, h_max)
+        return agent_pg.update(policy, optimizer, batch.episodes, adv, pg_cfg)
+
+    def budget_spent(row: dict) -> bool:
+        return cfg.max_tool_calls is not None and row["charts/tool_calls"] >= cfg.max_tool_calls
+
+    return loop.run(policy, sample_fn, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval,
+                    start={"episodes": 0, "charts/tool_calls": 0}, stop=budget_spent,
+                    logger=logger, on_step=on_step, desc="arpo")
 
 
 # --- the LM rung: entropy after tool responses, and tree rollouts by prefix replay -------------------

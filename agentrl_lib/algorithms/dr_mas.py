@@ -42,11 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms import agent_pg
-from agentrl_lib.algorithms.agent_pg import grad_norm
+from agentrl_lib.algorithms import agent_pg, loop
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rollout import Episode, play_episodes
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import optimizer_step
 
 NORMALISATIONS = ("agent", "global")
 
@@ -190,7 +189,7 @@ class DrMASConfig:
     norm_adv: bool = True
     """divide by the std (GRPO); False = mean-only"""
     eval_every: int = 10
-    """iterations between eval_fn calls"""
+    """updates between evaluations (``loop.run``)"""
     seed: int = 0
     """seed of the task draws (each policy has its own rng)"""
 
@@ -209,43 +208,48 @@ def agent_loss(policy, episodes, advantages) -> torch.Tensor:
     return -(adv * policy.episode_logps(episodes)).mean()
 
 
-def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, eval_fn=None,
-          log=None) -> list[dict]:
-    """Train one policy per role for ``cfg.num_iters`` batches. Per iteration: play groups with
-    ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, one Adam step per
-    agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
+def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, evaluate=None, logger=None,
+          initial_eval: dict | None = None, on_step=None) -> list[dict]:
+    """Train one policy per role for ``cfg.num_iters`` batches on ``loop.run``. Per iteration:
+    play groups with ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, one
+    Adam step per agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
     ``rollout/abs_adv_<role>``, ``rollout/mean_adv_<role>`` (the sign of a misfit baseline),
-    ``losses/grad_norm_<role>`` (before the step), ``losses/loss_<role>``, ``eval/*``."""
+    ``losses/grad_norm_<role>`` (before the step), ``losses/loss_<role>``, ``eval/*``
+    (``evaluate(policies)``)."""
     roles = tuple(policies)
     probe = make_env()
     offsets = {role: probe.action_offset(role) for role in roles}
     rng = np.random.default_rng(cfg.seed)
     optims = {role: torch.optim.Adam(p.parameters(), lr=cfg.lr) for role, p in policies.items()}
-    history, num_episodes = [], 0
-    for it in progress(range(cfg.num_iters), desc="dr_mas"):
-        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+
+    def sample_fn(policies, it: int) -> agent_pg.EpisodeBatch:
+        seeds = agent_pg.draw_seeds(train_seeds, rng, it, cfg.num_prompts)
         episodes = play_episodes(make_env, team_act(policies), list(seeds), cfg.group_size)
-        num_episodes += len(episodes)
+        return agent_pg.EpisodeBatch(episodes, {
+            "episodes": (it + 1) * len(episodes),
+            "rollout/success": float(np.mean([ep.success for ep in episodes]))})
+
+    def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
+        episodes = batch.episodes
         adv = team_advantages(episodes, roles, cfg.normalisation, cfg.unit, cfg.norm_adv)
         split = split_roles(episodes, roles, offsets)
         R = agent_rewards(episodes, roles)  # (B, K)
-        row = {"iter": it + 1, "episodes": num_episodes,
-               "rollout/success": float(np.mean([ep.success for ep in episodes]))}
+        row = {}
         for k, role in enumerate(roles):
             who = [np.array(turn_roles(ep)) == role for ep in episodes]
             adv_k = [a[m] for a, m in zip(adv, who)]
             loss = agent_loss(policies[role], split[role], adv_k)
-            optims[role].zero_grad()
-            loss.backward()
-            row[f"losses/grad_norm_{role}"] = grad_norm(policies[role].parameters())
-            optims[role].step()
+            row[f"losses/grad_norm_{role}"] = optimizer_step(optims[role], loss)
             row[f"losses/loss_{role}"] = float(loss.detach())
             row[f"rollout/reward_{role}"] = float(np.nanmean(R[:, k]))
             flat = np.concatenate(adv_k) if adv_k else np.zeros(0)
             row[f"rollout/abs_adv_{role}"] = float(np.abs(flat).mean()) if flat.size else 0.0
             row[f"rollout/mean_adv_{role}"] = float(flat.mean()) if flat.size else 0.0
-        agent_pg.close_row(row, it, cfg, eval_fn, policies, history, log)
-    return history
+        return row
+
+    return loop.run(policies, sample_fn, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, start={"episodes": 0},
+                    logger=logger, on_step=on_step, desc="dr_mas")
 
 
 def evaluate_at_k(make_env, policies: dict, seeds, k: int = 8) -> dict:

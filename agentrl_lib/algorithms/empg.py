@@ -174,15 +174,15 @@ def empg_advantages(episodes, entropies, k: float = 1.0, k_prime: float = 1.0, z
 
 
 def table_credit(policy, **kwargs):
-    """An ``agent_pg.train(advantage_fn=...)`` for a policy with ``episode_entropies``
+    """An ``agent_pg.train(credit_fn=...)`` for a policy with ``episode_entropies``
     (``KeyTablePolicy``): the sampling policy's turn entropies, then ``empg_advantages``."""
     import torch
 
-    def advantage_fn(episodes):
+    def credit_fn(episodes):
         with torch.no_grad():
             ents = split_turns(policy.episode_entropies(episodes), episodes)
         return empg_advantages(episodes, ents, **kwargs)
-    return advantage_fn
+    return credit_fn
 
 
 def lm_turn_entropies(model, episodes, batch_size: int = 8) -> list[np.ndarray]:

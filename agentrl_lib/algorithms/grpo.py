@@ -15,7 +15,7 @@ The knobs (as AReaL's algorithm configuration matrix):
 With ``num_epochs=1`` the batch is trained on at the policy that sampled it (rho = 1), where GSPO's
 gradient equals GRPO's and CISPO's equals the token-mean PPO one: those knobs act off-policy only.
 
-The loop (``train``, on top of ``loop``) is fed by a *sampling function* ``sample(model) -> Batch``:
+The loop (``train``, on ``loop.run``) is fed by a *sampling function* ``sample(model, it) -> Batch``:
 - ``completion_sampler``: single-turn RLVR, ``num_prompts`` problems x ``group_size`` completions,
   scored by reward functions in TRL's signature;
 - ``episode_sampler``: multi-turn agents, ``num_prompts`` task seeds x ``group_size`` episodes of a
@@ -23,7 +23,7 @@ The loop (``train``, on top of ``loop``) is fed by a *sampling function* ``sampl
 ``advantages`` turns a batch into per-sequence (single-turn: ``core.group_advantages``) or
 per-token (multi-turn: ``credit`` turn advantages spread over each action's tokens) advantages,
 and ``update`` takes ``num_epochs`` clipped steps on them. ``ppo_lm.train`` reuses the same
-sampling functions and ``loop`` with its critic's update.
+sampling functions and ``loop.run`` with its critic's update.
 
 Papers (each preset's values, ``PRESETS``, say where they come from):
 - GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300 (group mean/std advantage, per-sequence
@@ -61,8 +61,9 @@ TRL 1.16's ``importance_sampling_level`` is ``is_level``; its ``loss_type="cispo
 ``epsilon_high`` = 1 + ``clip_eps_high`` (TRL's cap is on rho itself). ``tests/test_grpo.py``
 checks the loss and its gradient against TRL's ``_compute_loss`` on the same inputs for each.
 
-Logged rows (one per update; ``iter`` counts updates): ``eval/*`` (the ``evaluate`` callback's
-dict, every ``eval_every`` updates and after the last), ``rollout/*`` (reward, completion_len,
+Logged rows (``loop.run``: ``iter`` 0 with the start's evaluation, then one per update, ``iter`` =
+updates done): ``eval/*`` (the ``evaluate`` callback's dict at 0, every ``eval_every`` updates and
+after the last), ``rollout/*`` (reward, completion_len,
 kept_frac; multi-turn: success, turns, invalid), ``losses/*`` (loss, entropy, clipfrac, approx_kl,
 kl), ``time/*`` (gen_s, step_s, eval_s).
 """
@@ -78,10 +79,10 @@ import torch
 import torch.nn.functional as F
 
 from agentrl_lib import core
-from agentrl_lib.algorithms import credit
+from agentrl_lib.algorithms import credit, loop
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
-from agentrl_lib.utils import check_schedule, progress, scheduled
+from agentrl_lib.utils import check_schedule, optimizer_step, progress, scheduled
 
 Tensor = torch.Tensor
 TURN_ESTIMATORS = ("grpo", "gigpo", "salt", "hgpo")
@@ -334,12 +335,12 @@ def sampler_generators(population, cfg, what: str):
 
 
 def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list, cfg):
-    """``sample(model) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
+    """``sample(model, it=0) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
     generate ``cfg.group_size`` completions of each at ``cfg.temperature`` within
     ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``."""
     rng, tokens = sampler_generators(train_problems, cfg, "problems")
 
-    def sample(model) -> Batch:
+    def sample(model, it: int = 0) -> Batch:
         t0 = time.time()
         batch = rng.sample(train_problems, cfg.num_prompts)
         problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
@@ -356,18 +357,16 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
 
 def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
                     system_prompt: str | None = None):
-    """``sample(model) -> Batch``: draw ``cfg.num_prompts`` task seeds (seeded by ``cfg.seed``),
-    play ``cfg.group_size`` episodes of each with ``rollout.lm_rollout`` (at most ``cfg.max_turns``
-    turns of ``cfg.max_new_tokens`` tokens). The rows are whole conversations; the loss mask covers
+    """``sample(model, it=0) -> Batch``: draw ``cfg.num_prompts`` task seeds (seeded by
+    ``cfg.seed``), play ``cfg.group_size`` episodes of each with ``rollout.lm_rollout`` (at most
+    ``max_turns_at(cfg, it)`` turns of ``cfg.max_new_tokens`` tokens; ``it``: updates done). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
     rng, tokens = sampler_generators(train_seeds, cfg, "task seeds")
-    rounds = [0]
 
-    def sample(model) -> Batch:
+    def sample(model, it: int = 0) -> Batch:
         t0 = time.perf_counter()
         seeds = rng.sample(list(train_seeds), cfg.num_prompts)
-        max_turns = max_turns_at(cfg, rounds[0])
-        rounds[0] += 1
+        max_turns = max_turns_at(cfg, it)
         eps = lm_rollout(model, tokenizer, make_env, seeds, cfg.group_size, max_turns,
                          cfg.max_new_tokens, cfg.temperature, tokens(model), system_prompt,
                          max_context=cfg.max_context)
@@ -457,52 +456,14 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None, regu
             reg, reg_metrics = regulariser(ents, g.loss_mask, it)
             loss = loss + reg
             m.update({f"reg_{k}": v for k, v in reg_metrics.items()})
-        optimizer.zero_grad()
-        loss.backward()
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        max_norm = float("inf") if cfg.max_grad_norm is None else cfg.max_grad_norm
-        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        optimizer.step()
+        m["grad_norm"] = optimizer_step(optimizer, loss, cfg.max_grad_norm)
     model.eval()
     return {"losses/loss": loss.item(),
             "losses/entropy": core.masked_mean(ents.detach(), g.loss_mask).item(),
             **{f"losses/{k}": v for k, v in m.items()}}
 
 
-# --- the loop --------------------------------------------------------------------------------------
-def loop(model, sample, update_fn, num_iters: int, eval_every: int, evaluate=None, logger=None,
-         on_step=None) -> list[dict]:
-    """The frame every LM trainer here shares: for each of ``num_iters`` updates, evaluate (every
-    ``eval_every`` updates, and after the last), ``sample(model) -> Batch``, ``update_fn(batch) ->
-    dict``, and log one row: the batch's metrics, then the update's (which may replace some, e.g.
-    the shaped reward). ``evaluate(model) -> dict`` goes in under ``eval/``; ``logger`` is a
-    ``utils.MetricsLogger``; ``on_step(row)`` is called after each update. Returns the rows."""
-    rows = []
-    for it in progress(range(num_iters + 1), desc="updates"):
-        row = {"iter": it}
-        if evaluate is not None and (it % eval_every == 0 or it == num_iters):
-            t0 = time.perf_counter()
-            row.update({f"eval/{k}": v for k, v in evaluate(model).items()})
-            row["time/eval_s"] = time.perf_counter() - t0
-        if it == num_iters:
-            rows.append(row)
-            if logger:
-                logger.log(**row)
-            break
-        t0 = time.time()
-        batch = sample(model)
-        row.update(batch.metrics)
-        row.update(update_fn(batch))
-        row["time/step_s"] = time.time() - t0
-        rows.append(row)
-        if logger:
-            logger.log(**row)
-        if on_step:
-            on_step(row)
-    model.eval()
-    return rows
-
-
+# --- training ------------------------------------------------------------------------------------
 def _credit_metrics(credit_fn) -> dict:
     """The numbers a stateful ``credit_fn`` reports about its last call (e.g. a critic's losses)."""
     m = getattr(credit_fn, "metrics", None)
@@ -511,25 +472,26 @@ def _credit_metrics(credit_fn) -> dict:
 
 
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
-          on_step=None, eos_id: int | None = None, credit_fn=None, regulariser=None) -> list[dict]:
+          on_step=None, eos_id: int | None = None, credit_fn=None, regulariser=None,
+          initial_eval: dict | None = None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
     ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
     estimator (``advantages``), and its ``metrics`` (a dict, or a list whose last dict is the latest
     call's), if it has any, are logged under ``credit/``; ``regulariser`` adds a term of the token
-    entropies to the loss (``update``). Returns the logged rows (``loop``)."""
+    entropies to the loss (``update``); ``initial_eval``: the start's evaluation, when known.
+    Returns the logged rows (``loop.run``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    step = [0]
 
-    def update_fn(batch: Batch) -> dict:
+    def update_fn(batch: Batch, it: int) -> dict:
         batch = advantages(batch, cfg, eos_id, credit_fn)
-        out = {**batch.metrics, **_credit_metrics(credit_fn),
-               **update(model, opt, batch, cfg, ref_model, regulariser, step[0])}
-        step[0] += 1
-        return out
+        return {**batch.metrics, **_credit_metrics(credit_fn),
+                **update(model, opt, batch, cfg, ref_model, regulariser, it)}
 
-    return loop(model, sample, update_fn, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
+    return loop.run(model, sample, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
+                    on_step=on_step)
 
 
 # --- evaluation ------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ sampling function and an update function handed to ``run``.
   stops is evaluated like the last;
 - ``logger`` (``utils.MetricsLogger``) gets every row; ``on_step(row)`` is called after each.
 
-Rows: one at ``iter`` 0 with the start's evaluation (only when ``evaluate`` is given), then one
+Rows: one at ``iter`` 0 with the start's evaluation (only when ``evaluate`` is given; ``start``
+adds the trainer's counters at zero, e.g. ``{'episodes': 0}``), then one
 per update, ``iter`` = updates done (1..num_iters): the batch's metrics (sampled at ``iter - 1``
 updates), the update's, ``time/step_s`` (sample + update) and, when due, ``eval/*`` after that
 update with ``time/eval_s``. So ``iter`` always counts the updates behind an evaluation.
@@ -30,8 +31,8 @@ from agentrl_lib.utils import progress
 
 
 def run(model, sample, update, num_iters: int, *, evaluate=None, eval_every: int = 1,
-        initial_eval: dict | None = None, stop=None, logger=None, on_step=None,
-        desc: str = "updates") -> list[dict]:
+        initial_eval: dict | None = None, start: dict | None = None, stop=None, logger=None,
+        on_step=None, desc: str = "updates") -> list[dict]:
     """Train for ``num_iters`` updates (fewer if ``stop`` says so); returns the rows (see the
     module docstring)."""
     if num_iters < 0 or eval_every < 1:
@@ -50,7 +51,7 @@ def run(model, sample, update, num_iters: int, *, evaluate=None, eval_every: int
         row["time/eval_s"] = time.perf_counter() - t0
 
     if evaluate is not None:
-        row = {"iter": 0}
+        row = {"iter": 0, **(start or {})}
         if initial_eval is not None:
             row.update({f"eval/{k}": v for k, v in initial_eval.items()})
         else:

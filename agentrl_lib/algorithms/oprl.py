@@ -28,8 +28,9 @@ episodes*::
 
 ``oprl_advantages`` takes the step rewards as an argument (pure); ``oprl_batch_advantages`` fits a
 fresh PRM on the batch alone and returns the advantages (the credit arena's entry, as ArCHer's
-critic is fitted there; pass ``policy=`` the behaviour policy for the paper's reference); ``OPRLCredit`` is the stateful ``advantage_fn`` for ``agent_pg.train``
-and ``credit_fn`` for ``grpo.train`` (one PRM kept across batches).
+critic is fitted there; pass ``policy=`` the behaviour policy for the paper's reference);
+``OPRLCredit`` is the stateful ``credit_fn`` for ``agent_pg.train`` and ``grpo.train`` (one PRM
+kept across batches).
 
 **Potential-based shaping.** Only sums over whole trajectories enter the DPO loss, so any
 r'(k, a) = r(k, a) + Phi(k') - Phi(k) with Phi(start) = Phi(end) (e.g. 0 at both) has the same
@@ -347,7 +348,7 @@ def policy_ref_logps(policy, episodes) -> list[np.ndarray]:
 
 
 class OPRLCredit:
-    """The stateful estimator for the training loops: an ``advantage_fn`` for ``agent_pg.train``
+    """The stateful estimator for the training loops: a ``credit_fn`` for ``agent_pg.train``
     and a ``credit_fn`` for ``grpo.train``. Each call (before the policy's update on the batch):
     fit the kept PRM on the batch's pairs (warm start: the alternation PRM step / policy step),
     then return ``oprl_advantages`` of its step rewards. ``ref``: 'uniform', or 'policy' (pi_old =

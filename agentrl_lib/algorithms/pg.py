@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 import torch
 
+from agentrl_lib.algorithms import loop
 from agentrl_lib.core import ESTIMATORS as ALL_ESTIMATORS
 from agentrl_lib.core import group_advantages, masked_mean
 from agentrl_lib.envs.token_tree import TokenTreeMDP
 from agentrl_lib.models.policies import PromptSetPolicy
-from agentrl_lib.utils import optimizer_step, progress
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 # the estimators of eq. (1) analysed here (``core.group_advantages`` computes them all; Lite-PPO's
@@ -263,21 +265,29 @@ def train_pg(trees: list[TokenTreeMDP], cfg: PGConfig) -> dict:
     b = reward.shape[0]
     policy = PromptSetPolicy(b, trees[0].V, trees[0].H)
     opt = torch.optim.SGD(policy.parameters(), lr=cfg.lr)
-    with torch.no_grad():
-        per_prompt = [expected_rewards(reward, policy.probs())]
-    rows = []
-    for _ in progress(range(cfg.num_iters), desc="pg"):
+
+    @torch.no_grad()
+    def exact_eval(policy) -> dict:
+        return {"J_per_prompt": expected_rewards(reward, policy.probs())}  # (B,)
+
+    def sample(policy, it: int) -> SimpleNamespace:
         with torch.no_grad():
             tokens, nodes, r = sample_responses(reward, policy.probs(), cfg.group_size, gen)
         r = r + cfg.reward_shift  # (B, G)
-        adv = group_advantages(r, cfg.estimator, ddof=cfg.ddof, eps=cfg.eps)  # (B, G)
-        loss, m = pg_surrogate_loss(policy.log_prob(nodes, tokens), adv)  # logps (B, G, H)
+        return SimpleNamespace(tokens=tokens, nodes=nodes, r=r,
+                               metrics={"rollout/reward": r.mean().item()})
+
+    def update(batch: SimpleNamespace, it: int) -> dict:
+        adv = group_advantages(batch.r, cfg.estimator, ddof=cfg.ddof, eps=cfg.eps)  # (B, G)
+        loss, m = pg_surrogate_loss(policy.log_prob(batch.nodes, batch.tokens), adv)  # (B, G, H)
         optimizer_step(opt, loss)
-        with torch.no_grad():
-            per_prompt.append(expected_rewards(reward, policy.probs()))
-        rows.append({"rollout/reward": r.mean().item(), **{f"losses/{k}": v for k, v in m.items()}})
-    per_prompt = torch.stack(per_prompt)  # (U + 1, B)
+        return {f"losses/{k}": v for k, v in m.items()}
+
+    rows = loop.run(policy, sample, update, cfg.num_iters, evaluate=exact_eval, desc="pg")
+    per_prompt = torch.stack([r.pop("eval/J_per_prompt") for r in rows])  # (U + 1, B)
     n = b * cfg.group_size
+    metrics = [{k: v for k, v in r.items() if k.startswith(("rollout/", "losses/"))}
+               for r in rows[1:]]
     return {"J": per_prompt.mean(-1).tolist(), "J_per_prompt": per_prompt.tolist(),
-            "samples": [i * n for i in range(len(per_prompt))], "metrics": rows,
+            "samples": [i * n for i in range(len(per_prompt))], "metrics": metrics,
             "policy": policy, "config": asdict(cfg)}

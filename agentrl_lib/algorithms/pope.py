@@ -44,15 +44,17 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from agentrl_lib import core
+from agentrl_lib.algorithms import loop
 from agentrl_lib.algorithms.grpo import Batch, GRPOConfig, sampler_generators, score
 from agentrl_lib.envs.text_tasks import reference_completion
 from agentrl_lib.rollout import format_prompts, generate
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 GUIDANCE = ("none", "pope", "guide", "snapshot")
@@ -272,24 +274,18 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
     policy = HabitTreePolicy(problems.num_problems, problems.V, problems.H, p_habit)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     n_easy, n_hard = split_round(cfg.num_prompts, pcfg)
+    per_round = cfg.num_prompts * cfg.group_size
     unsolved: set = set()
-    rows = []
 
-    def evaluate(row):
+    def evaluate(policy) -> dict:
         s = unguided_success(policy, problems)
         hard, easy = s[:problems.num_hard], s[problems.num_hard:]
-        row.update({"eval/hard_success": hard.mean().item(),
-                    "eval/hard_solved": (hard >= 0.5).double().mean().item(),
-                    "eval/log10_hard": hard.clamp(min=1e-300).log10().mean().item(),
-                    "eval/easy_success": easy.mean().item() if len(easy) else float("nan")})
+        return {"hard_success": hard.mean().item(),
+                "hard_solved": (hard >= 0.5).double().mean().item(),
+                "log10_hard": hard.clamp(min=1e-300).log10().mean().item(),
+                "easy_success": easy.mean().item() if len(easy) else float("nan")}
 
-    for it in progress(range(cfg.num_iters + 1), desc="pope"):
-        row = {"iter": it, "samples": it * cfg.num_prompts * cfg.group_size}
-        if it % eval_every == 0 or it == cfg.num_iters:
-            evaluate(row)
-        if it == cfg.num_iters:
-            rows.append(row)
-            break
+    def sample(policy, it: int) -> SimpleNamespace:
         hard_ids = rng.sample(range(problems.num_hard), n_hard)
         easy_ids = rng.sample(range(problems.num_hard, problems.num_problems), n_easy)
         ks = guided_lengths(hard_ids, [problems.H] * n_hard, it, cfg.num_iters, pcfg, unsolved, rng)
@@ -300,21 +296,26 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
         for j, p in enumerate(hard_ids):  # Guide's memory: which hard problems failed unguided
             if ks[j] == 0:
                 (unsolved.add if r[j].sum() == 0 else unsolved.discard)(p)
-        adv = core.group_advantages(r, cfg.estimator, ddof=cfg.std_ddof).reshape(-1)  # (B*G,)
-        for _ in range(cfg.num_epochs):
-            logps, ents = tree_logps(policy, prob_ids, nodes, tokens)
-            loss, m = tree_loss(logps, old_logps, adv, mask, ents, cfg)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
         guided = torch.tensor([kk > 0 for kk in ks], dtype=torch.float64)
-        row.update({"rollout/hard_reward": r[:n_hard].mean().item(),
-                    "rollout/hard_unguided_reward": (r[:n_hard][guided == 0].mean().item()
-                                                     if (guided == 0).any() else float("nan")),
-                    "rollout/guided_frac": guided.mean().item() if n_hard else 0.0,
-                    "rollout/prefix_frac": prefix_fraction(it, cfg.num_iters, pcfg),
-                    **{f"losses/{a}": b for a, b in m.items()}})
-        rows.append(row)
+        metrics = {"samples": (it + 1) * per_round,
+                   "rollout/hard_reward": r[:n_hard].mean().item(),
+                   "rollout/hard_unguided_reward": (r[:n_hard][guided == 0].mean().item()
+                                                    if (guided == 0).any() else float("nan")),
+                   "rollout/guided_frac": guided.mean().item() if n_hard else 0.0,
+                   "rollout/prefix_frac": prefix_fraction(it, cfg.num_iters, pcfg)}
+        return SimpleNamespace(metrics=metrics, prob_ids=prob_ids, nodes=nodes, tokens=tokens,
+                               mask=mask, old_logps=old_logps, r=r)
+
+    def update(b: SimpleNamespace, it: int) -> dict:
+        adv = core.group_advantages(b.r, cfg.estimator, ddof=cfg.std_ddof).reshape(-1)  # (B*G,)
+        for _ in range(cfg.num_epochs):
+            logps, ents = tree_logps(policy, b.prob_ids, b.nodes, b.tokens)
+            loss, m = tree_loss(logps, b.old_logps, adv, b.mask, ents, cfg)
+            optimizer_step(opt, loss)
+        return {f"losses/{a}": v for a, v in m.items()}
+
+    rows = loop.run(policy, sample, update, cfg.num_iters, evaluate=evaluate,
+                    eval_every=eval_every, start={"samples": 0}, desc="pope")
     return policy, rows
 
 
@@ -333,7 +334,7 @@ def guided_prompt(prompt_text: str, problem: dict, k: int) -> str:
 
 def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dict],
                    reward_funcs: list, cfg: GRPOConfig, pcfg: POPEConfig):
-    """``sample(model) -> grpo.Batch`` for ``grpo.train``: each round draws ``split_round`` easy and
+    """``sample(model, it=0) -> grpo.Batch`` for ``grpo.train``: each round draws ``split_round`` easy and
     hard problems (seeded by ``cfg.seed``), guides the hard ones by ``guided_lengths`` (k lines of
     the reference solution, k counted in the chain's steps), samples ``cfg.group_size``
     completions of each and scores them with ``reward_funcs`` on the completion (the part after the
@@ -344,16 +345,15 @@ def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dic
     n_easy, n_hard = split_round(cfg.num_prompts, pcfg)
     if n_easy > len(easy_problems):
         raise ValueError(f"{n_easy} easy prompts a round but {len(easy_problems)} easy problems")
-    state = {"it": 0, "unsolved": set()}
+    unsolved: set = set()
 
-    def sample(model) -> Batch:
+    def sample(model, it: int = 0) -> Batch:
         t0 = time.time()
         hard_ids = rng.sample(range(len(hard_problems)), n_hard)
         easy = rng.sample(easy_problems, n_easy)
         hard = [hard_problems[i] for i in hard_ids]
-        ks = guided_lengths(hard_ids, [len(p["steps"]) for p in hard], state["it"], cfg.num_iters,
-                            pcfg, state["unsolved"], rng)
-        state["it"] += 1
+        ks = guided_lengths(hard_ids, [len(p["steps"]) for p in hard], it, cfg.num_iters, pcfg,
+                            unsolved, rng)
         batch = hard + easy
         kk = ks + [0] * n_easy
         problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
@@ -368,7 +368,7 @@ def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dic
         r = rewards.view(-1, cfg.group_size).cpu()  # (num_prompts, G)
         for j, i in enumerate(hard_ids):
             if ks[j] == 0:
-                (state["unsolved"].add if r[j].sum() == 0 else state["unsolved"].discard)(i)
+                (unsolved.add if r[j].sum() == 0 else unsolved.discard)(i)
         unguided = [j for j in range(n_hard) if ks[j] == 0]
         return Batch(gen, rewards, {
             "rollout/reward": rewards.mean().item(),

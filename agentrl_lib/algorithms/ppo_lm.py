@@ -3,7 +3,7 @@
 TRL removed its ``PPOTrainer``; this file is the method readable top to bottom: a config
 dataclass (``PPOLMConfig``), the value model (``ValueModel``, ``make_value_model``), pure
 functions of tensors (``token_rewards``, ``token_gae``, ``ppo_lm_losses``), one update
-(``ppo_update``) and the training (``train``): the GRPO family's frame (``grpo.loop``) fed by the
+(``ppo_update``) and the training (``train``): the GRPO family's frame (``loop.run``) fed by the
 same sampling function (``grpo.completion_sampler``), with the critic's update in place of
 GRPO's, so both log the same rows and share a figure.
 
@@ -69,7 +69,7 @@ import torch
 from torch import nn
 
 from agentrl_lib import core
-from agentrl_lib.algorithms import grpo
+from agentrl_lib.algorithms import grpo, loop
 from agentrl_lib.rollout import join_sequences, logps_from_logits, model_device, sequence_logps
 from agentrl_lib.utils import optimizer_step
 
@@ -378,14 +378,14 @@ def make_optimizer(policy, critic: ValueModel, cfg: PPOLMConfig) -> torch.optim.
 
 # --- training ------------------------------------------------------------------------------
 def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | None = None,
-          ref_model=None, logger=None, on_step=None) -> list[dict]:
+          ref_model=None, logger=None, on_step=None, initial_eval: dict | None = None) -> list[dict]:
     """PPO with a critic in the GRPO family's frame: each update takes one batch from ``sample``
     (``grpo.completion_sampler`` built with this ``cfg``: with the same seed, num_prompts and
     group_size it draws the same prompts and, at the first update, the same samples as GRPO),
     computes the critic's values, per-token rewards and GAE, and runs ``ppo_update``.
 
     critic: a ``ValueModel`` to train, built with ``make_value_model(model, cfg.critic)`` when
-    None. ``ref_model`` is needed only when cfg.beta != 0. Returns the logged rows (``grpo.loop``).
+    None. ``ref_model`` is needed only when cfg.beta != 0. Returns the logged rows (``loop.run``).
     """
     if cfg.beta != 0.0 and ref_model is None:
         raise ValueError("beta != 0 needs ref_model")
@@ -397,7 +397,7 @@ def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | N
     shuffle = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)  # host: minibatch order
     opt = make_optimizer(model, critic, cfg)
 
-    def update(batch: grpo.Batch) -> dict:
+    def update(batch: grpo.Batch, it: int) -> dict:
         g, scores = batch.seqs, batch.rewards  # scores (B,)
         mask = g.completion_mask
         args = (g.prompt_ids, g.prompt_mask, g.completion_ids, mask)
@@ -426,6 +426,8 @@ def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | N
                                                                  cfg.kl_estimator), mask).item()
         return row
 
-    rows = grpo.loop(model, sample, update, cfg.num_iters, cfg.eval_every, evaluate, logger, on_step)
+    rows = loop.run(model, sample, update, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
+                    on_step=on_step)
     critic.eval()
     return rows

@@ -32,13 +32,15 @@ Shapes: G samples (the group), H = T tokens per response, V tokens in the vocabu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 from agentrl_lib import core
+from agentrl_lib.algorithms import loop
 from agentrl_lib.envs.token_tree import TokenTreeMDP, leaf_distribution
 from agentrl_lib.models.policies import TabularTreePolicy
-from agentrl_lib.utils import optimizer_step, progress
+from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 
@@ -236,41 +238,43 @@ def train_tree(tree: TokenTreeMDP, cfg: TreeRLConfig,
                generator: torch.Generator | None = None) -> tuple[TabularTreePolicy, list[dict]]:
     """Train a ``TabularTreePolicy`` (uniform at start) on one tree with ``cfg.estimator``.
 
-    Returns the policy and a history of exact evaluations every ``cfg.eval_every`` iterations:
-    rows {iter, samples (responses drawn so far), eval/pass@1, eval/distinct_expected,
-    eval/entropy_correct}.
+    Returns the policy and the rows of ``loop.run`` that carry an exact evaluation (at the start,
+    every ``cfg.eval_every`` updates and after the last): {iter, samples (responses drawn so far),
+    eval/pass@1, eval/distinct_expected, eval/entropy_correct, ...}.
     """
     policy = TabularTreePolicy(tree)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    G, H = cfg.group_size, tree.H
-    history = []
+    G = cfg.group_size
 
-    def log(it: int):
-        with torch.no_grad():
-            m = evaluate(tree, policy.probs(), ks=(), num_samples=cfg.eval_samples,
-                         generator=generator)
-        history.append({"iter": it, "samples": it * G, **{f"eval/{k}": m[k] for k in (
-            "pass@1", "distinct_expected", "entropy_correct")}})
+    @torch.no_grad()
+    def exact_eval(policy) -> dict:
+        m = evaluate(tree, policy.probs(), ks=(), num_samples=cfg.eval_samples, generator=generator)
+        return {k: m[k] for k in ("pass@1", "distinct_expected", "entropy_correct")}
 
-    for it in progress(range(cfg.num_iters), desc="rover"):
-        if it % cfg.eval_every == 0:
-            log(it)
-        with torch.no_grad():
-            tokens, nodes, _, r = tree.sample(policy.probs(), G, generator=generator)  # (G, H) x2
-            old_logps = policy.log_prob(nodes, tokens)  # (G, H)
-            old_mean = mean_logps(policy, nodes) if cfg.estimator == "rover" else None  # (G, H)
+    @torch.no_grad()
+    def sample(policy, it: int) -> SimpleNamespace:
+        tokens, nodes, _, r = tree.sample(policy.probs(), G, generator=generator)  # (G, H) x2
+        return SimpleNamespace(metrics={"samples": (it + 1) * G}, tokens=tokens, nodes=nodes, r=r,
+                               old_logps=policy.log_prob(nodes, tokens),  # (G, H)
+                               old_mean=(mean_logps(policy, nodes) if cfg.estimator == "rover"
+                                         else None))  # (G, H)
+
+    def update(b: SimpleNamespace, it: int) -> dict:
         if cfg.estimator == "rover":
-            r_centred = core.group_advantages(r[None], "dr_grpo")[0]  # (G,)
+            r_centred = core.group_advantages(b.r[None], "dr_grpo")[0]  # (G,)
         else:
-            adv = core.group_advantages(r[None], cfg.estimator)[0]  # (G,)
+            adv = core.group_advantages(b.r[None], cfg.estimator)[0]  # (G,)
         for _ in range(cfg.num_epochs):
-            logps = policy.log_prob(nodes, tokens)  # (G, H)
+            logps = policy.log_prob(b.nodes, b.tokens)  # (G, H)
             if cfg.estimator == "rover":
-                loss, _ = rover_loss(logps, old_logps, mean_logps(policy, nodes), old_mean,
+                loss, _ = rover_loss(logps, b.old_logps, mean_logps(policy, b.nodes), b.old_mean,
                                      r_centred, rho=cfg.rho)
             else:
-                loss, _ = core.ppo_clip_loss(logps, old_logps, adv[:, None].expand(G, H),
+                loss, _ = core.ppo_clip_loss(logps, b.old_logps, adv[:, None].expand(G, tree.H),
                                              clip_eps=cfg.clip_eps)
             optimizer_step(opt, loss)
-    log(cfg.num_iters)
-    return policy, history
+        return {}
+
+    rows = loop.run(policy, sample, update, cfg.num_iters, evaluate=exact_eval,
+                    eval_every=cfg.eval_every, start={"samples": 0}, desc="rover")
+    return policy, loop.eval_rows(rows)

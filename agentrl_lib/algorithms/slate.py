@@ -54,7 +54,6 @@ import numpy as np
 from agentrl_lib.algorithms.credit import group_normalise
 from agentrl_lib.rewards.judges import NoisyJudge
 from agentrl_lib.rollout import Episode, record_step
-from agentrl_lib.utils import progress
 
 GOOD, NEUTRAL, BAD = 1.0, 0.5, 0.0
 """the oracle's ternary step qualities (the paper's +1 / 0 / -1 on the judge's [0, 1] scale)"""
@@ -204,6 +203,7 @@ class SlateBatch:
     rewards: np.ndarray = None
     qualities: np.ndarray = None
     chains: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
 
     @property
     def num_points(self) -> int:
@@ -355,34 +355,42 @@ def loglog_slope(x, y) -> float:
 
 # --- training -------------------------------------------------------------------------------------
 def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu_step_quality,
-          eval_fn=None, log=None) -> list[dict]:
+          evaluate=None, logger=None, initial_eval: dict | None = None,
+          on_step=None) -> list[dict]:
     """SLATE on a table or MLP policy: per iteration ``cfg.num_prompts`` task seeds, each unrolled
     by ``truncated_rollout`` with k = ``cfg.group_size`` siblings per decision point, then
     ``agent_pg.update`` (the same PPO-clipped, turn-level-mean step as every ``agent_pg`` arm) on
-    the siblings with their sibling advantages. Rows as ``agent_pg.train``'s, plus
+    the siblings with their sibling advantages, on ``loop.run``. Rows as ``agent_pg.train``'s, plus
     ``rollout/actions`` (sampled steps so far: the judge calls), ``rollout/points``."""
     import torch
 
-    from agentrl_lib.algorithms.agent_pg import close_row, update
+    from agentrl_lib.algorithms import agent_pg, loop
 
     rng = np.random.default_rng(cfg.seed)
     judge_rng = np.random.default_rng([cfg.seed, 7])
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    history, actions = [], 0
-    for it in progress(range(cfg.num_iters), desc="slate"):
-        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
+    actions = 0
+
+    def sample_fn(policy, it: int):
+        nonlocal actions
+        seeds = agent_pg.draw_seeds(train_seeds, rng, it, cfg.num_prompts)
         batch = truncated_rollout(make_env, policy.act, list(seeds), cfg.group_size, judge,
                                   judge_rng, quality_fn, cfg.max_turns_at(it))
-        adv = slate_advantages(batch, cfg.norm_adv)
-        metrics = update(policy, optimizer, batch.siblings, adv, cfg, None, it)
         actions += len(batch.siblings)
-        row = {"iter": it + 1, "rollout/actions": actions, "rollout/points": batch.num_points,
-               "rollout/success": float(np.mean([c[1] for c in batch.chains])),
-               "rollout/turns": float(np.mean([c[0] for c in batch.chains])),
-               "rollout/judge_reward": float(batch.rewards.mean()),
-               "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))), **metrics}
-        close_row(row, it, cfg, eval_fn, policy, history, log)
-    return history
+        batch.metrics = {"rollout/actions": actions, "rollout/points": batch.num_points,
+                         "rollout/success": float(np.mean([c[1] for c in batch.chains])),
+                         "rollout/turns": float(np.mean([c[0] for c in batch.chains])),
+                         "rollout/judge_reward": float(batch.rewards.mean())}
+        return batch
+
+    def update_fn(batch, it: int) -> dict:
+        adv = slate_advantages(batch, cfg.norm_adv)
+        return {"rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))),
+                **agent_pg.update(policy, optimizer, batch.siblings, adv, cfg, None, it)}
+
+    return loop.run(policy, sample_fn, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval,
+                    start={"rollout/actions": 0}, logger=logger, on_step=on_step, desc="slate")
 
 
 # --- the LM rung: truncated sampling through the LM ----------------------------------------------

@@ -13,7 +13,7 @@ The step reward fuses the contribution with a *grounding* signal g_t = 1[a_t was
 and the policy is trained on the step rewards (the paper uses PPO). ``spa_advantages`` returns one
 advantage per turn, A_t = sum_{k >= t} gamma^(k-t) r_hat_k, whitened over the batch, in the
 shape convention of ``credit.py`` (a list of (T_i,) float64 arrays), so it plugs into
-``agent_pg.train(advantage_fn=...)`` and into the credit arena against A*.
+``agent_pg.train(credit_fn=...)`` and into the credit arena against A*.
 
 The MLP estimator (``SPAConfig(model="mlp")`` with a ``features`` function, e.g.
 ``ShopEnv.relative_features``) is the one an LM agent uses here: ``SPACredit`` is also a
@@ -253,8 +253,8 @@ def spa_advantages(episodes, progress_model, cfg: SPAConfig | None = None) -> li
 
 
 class SPACredit:
-    """An ``advantage_fn`` for ``agent_pg.train`` and a ``credit_fn`` for ``grpo.train``: keeps the last ``cfg.buffer_size`` episodes,
-    refits the progress model on them each call (online; the paper fits once on exploration
+    """A ``credit_fn`` for ``agent_pg.train`` and ``grpo.train``: keeps the last
+    ``cfg.buffer_size`` episodes, refits the progress model on them each call (online; the paper fits once on exploration
     data), then returns ``spa_advantages``. ``history`` records the fit MSE per call."""
 
     def __init__(self, model: ProgressModel, cfg: SPAConfig | None = None, refit: bool = True):

@@ -41,7 +41,7 @@ Functions:
 - ``san_advantages(returns, group_ids, strata, alpha)``: the pure estimator on arrays, (B,) ->
   ((B,), metrics).
 - ``stratified_advantages(episodes, strata, alpha)``: the same broadcast to every turn: the
-  ``credit_fn`` / ``advantage_fn`` of ``grpo.train`` and ``agent_pg.train``.
+  ``credit_fn`` of ``grpo.train`` and ``agent_pg.train``.
 - ``cross_stratum_bias(returns, group_ids, strata)``: each trajectory's offset R_k - R, and the
   two sides of Theorem 1 summed over the groups.
 """

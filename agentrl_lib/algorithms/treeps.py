@@ -48,10 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms import agent_pg, credit
+from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig
 from agentrl_lib.rollout import Episode, episode_stats, play_episodes, record_step
-from agentrl_lib.utils import progress
 
 SAMPLERS = ("tree", "iid")
 ADVANTAGES = ("process", "outcome")
@@ -246,28 +245,34 @@ def advantages(episodes, tree: TreePSConfig, cfg: AgentPGConfig) -> list[np.ndar
     return credit.grpo_broadcast(episodes, norm_adv=cfg.norm_adv)
 
 
-def train(make_env, policy, cfg: AgentPGConfig, tree: TreePSConfig, train_seeds, eval_fn=None,
-          log=None) -> list[dict]:
-    """``agent_pg.train``'s loop (same task draws, same ``agent_pg.update``) with ``tree``'s
-    sampler and advantage; ``cfg.group_size`` is ignored (``tree.num_leaves`` leaves per task).
-    Rows add ``rollout/new_turns`` (tool calls made per leaf, replays excluded) and
-    ``rollout/shared`` (``shared_share``)."""
+def train(make_env, policy, cfg: AgentPGConfig, tree: TreePSConfig, train_seeds, evaluate=None,
+          logger=None, initial_eval: dict | None = None, on_step=None) -> list[dict]:
+    """``agent_pg.train``'s frame (``loop.run``, same task draws, same ``agent_pg.update``) with
+    ``tree``'s sampler and advantage; ``cfg.group_size`` is ignored (``tree.num_leaves`` leaves per
+    task). Rows add ``tool_calls`` (so far), ``rollout/new_turns`` (tool calls made per leaf,
+    replays excluded) and ``rollout/shared`` (``shared_share``)."""
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    history, num_episodes, num_calls = [], 0, 0
-    for it in progress(range(cfg.num_iters), desc="treeps"):
-        seeds = rng.choice(np.asarray(train_seeds), size=cfg.num_prompts)
-        max_turns = cfg.max_turns_at(it)
-        batch = sample(make_env, policy.act, list(seeds), tree, max_turns)
+    num_episodes, num_calls = 0, 0
+
+    def sample_fn(policy, it: int) -> agent_pg.EpisodeBatch:
+        nonlocal num_episodes, num_calls
+        seeds = agent_pg.draw_seeds(train_seeds, rng, it, cfg.num_prompts)
+        batch = sample(make_env, policy.act, list(seeds), tree, cfg.max_turns_at(it))
         episodes = batch.episodes
         num_episodes += len(episodes)
         num_calls += batch.new_turns
-        adv = advantages(episodes, tree, cfg)
-        metrics = agent_pg.update(policy, optimizer, episodes, adv, cfg, None, it)
-        row = {"iter": it + 1, "episodes": num_episodes, "tool_calls": num_calls,
-               **episode_stats(episodes, "rollout/"),
-               "rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))),
-               "rollout/new_turns": batch.new_turns / len(episodes),
-               "rollout/shared": shared_share(episodes), **metrics}
-        agent_pg.close_row(row, it, cfg, eval_fn, policy, history, log)
-    return history
+        return agent_pg.EpisodeBatch(episodes, {
+            "episodes": num_episodes, "tool_calls": num_calls, **episode_stats(episodes, "rollout/"),
+            "rollout/new_turns": batch.new_turns / len(episodes),
+            "rollout/shared": shared_share(episodes)})
+
+    def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
+        adv = advantages(batch.episodes, tree, cfg)
+        return {"rollout/abs_adv": float(np.mean(np.abs(np.concatenate(adv)))),
+                **agent_pg.update(policy, optimizer, batch.episodes, adv, cfg, None, it)}
+
+    return loop.run(policy, sample_fn, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval,
+                    start={"episodes": 0, "tool_calls": 0}, logger=logger, on_step=on_step,
+                    desc="treeps")

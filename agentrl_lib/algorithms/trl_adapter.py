@@ -175,7 +175,7 @@ def to_dataset(problems: list[dict], conversational: bool = True):
 
 class HeldOutEval(TrainerCallback):
     """Calls ``evaluate(model) -> dict`` (the callback ``grpo.train`` takes) before training
-    (step 0), every ``every`` optimizer steps and at the last step: the steps ``grpo.loop``
+    (step 0), every ``every`` optimizer steps and at the last step: the steps ``loop.run``
     evaluates at. ``rows`` holds {"iter", "eval/<key>"..., "time/eval_s", "time/train_s"};
     train_s is wall time since training began minus the time spent in these evaluations."""
 
