@@ -19,15 +19,17 @@ turn entropies, fn(entropies (N,) with gradient, iteration) -> (loss, metrics) (
 regulariser); ``horizon_schedule`` changes the turn cap during training (AgentGym-RL's
 ScalingInter-RL).
 
-Estimators (strings): 'reinforce' (the episode's return, no baseline, on every turn), 'grpo'
-(return normalised within its group, broadcast), 'gigpo' (episode + anchor-state step groups),
-'turn_gae' (GAE over turns with a tabular critic V(key) fitted to returns-to-go each iteration),
-all in ``credit.py``; 'salt' (trajectory-graph step advantages, ``salt.py``), 'hgpo' (hierarchy
-of history-consistent groups, ``hgpo.py``), 'empg' (GRPO's advantage modulated by the policy's
-turn entropies, ``empg.py``), 'hiper' (HiPER's segment-cut GAE with turn_gae's critic, segments
-by stage or of ``segment_len`` turns, ``hiper.py``). The estimators that need a fitted model of
-their own (ArCHer's critic, SPA-RL's progress model, OPRL's implicit PRM) or task knowledge (IGPO's
-p(gold)) plug in through ``credit_fn``, the name the LM loop (``grpo.train``) uses too.
+Estimators (strings: ``turn_credit.TURN_ESTIMATORS``, dispatched by
+``turn_credit.turn_advantages``, which the LM loop ``grpo`` shares): 'reinforce' (the episode's
+return, no baseline, on every turn), 'grpo' (return normalised within its group, broadcast),
+'gigpo' (episode + anchor-state step groups), 'turn_gae' (GAE over turns with a tabular critic
+V(key) fitted to returns-to-go each iteration, ``credit.fit_critic``), all in ``credit.py``;
+'salt' (trajectory-graph step advantages, ``salt.py``), 'hgpo' (hierarchy of history-consistent
+groups, ``hgpo.py``), 'empg' (GRPO's advantage modulated by the policy's turn entropies,
+``empg.py``), 'hiper' (HiPER's segment-cut GAE with turn_gae's critic, segments by stage or of
+``segment_len`` turns, ``hiper.py``). The estimators that need a fitted model of their own
+(ArCHer's critic, SPA-RL's progress model, OPRL's implicit PRM) or task knowledge (IGPO's p(gold))
+plug in through ``credit_fn``, the name the LM loop (``grpo.train``) uses too.
 """
 
 from __future__ import annotations
@@ -37,13 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms import credit, loop
+from agentrl_lib.algorithms import empg, loop, turn_credit
+from agentrl_lib.algorithms.credit import fit_critic
+from agentrl_lib.algorithms.turn_credit import CRITIC_ESTIMATORS, TURN_ESTIMATORS
 from agentrl_lib.core import ppo_clip_loss
 from agentrl_lib.rollout import episode_stats, play_episodes
 from agentrl_lib.utils import check_schedule, optimizer_step, scheduled
-
-ESTIMATORS = ("reinforce", "grpo", "gigpo", "turn_gae", "salt", "hgpo", "empg", "hiper")
-CRITIC_ESTIMATORS = ("turn_gae", "hiper")  # the loop fits its tabular critic for these
 
 
 @dataclass
@@ -58,7 +59,7 @@ class AgentPGConfig:
     lr: float = 0.1
     """Adam learning rate of the policy"""
     estimator: str = "grpo"
-    """one of ``ESTIMATORS`` (ignored when credit_fn is given)"""
+    """one of ``turn_credit.TURN_ESTIMATORS`` (ignored when credit_fn is given)"""
     gamma: float = 0.95
     """discount of step returns (GiGPO step groups, turn GAE); GiGPO's paper value"""
     lam: float = 0.95
@@ -92,8 +93,9 @@ class AgentPGConfig:
     """seed of the task draws (the policy has its own rng)"""
 
     def __post_init__(self):
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator not in TURN_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {TURN_ESTIMATORS}, "
+                             f"got {self.estimator!r}")
         if self.horizon_schedule is not None:
             check_schedule(self.horizon_schedule)
 
@@ -104,46 +106,20 @@ class AgentPGConfig:
 
 def estimate(episodes, cfg: AgentPGConfig, critic: dict | None = None,
              policy=None) -> list[np.ndarray]:
-    """Per-turn advantages of ``cfg.estimator``. ``critic`` maps state keys to V (turn_gae,
-    hiper); ``policy`` is the behaviour policy whose turn entropies EMPG reads."""
-    from agentrl_lib.algorithms import empg, hgpo, hiper, salt
-
-    if cfg.estimator == "reinforce":
-        return [np.full(len(ep), ep.ret) for ep in episodes]
-    if cfg.estimator == "grpo":
-        return credit.grpo_broadcast(episodes, norm_adv=cfg.norm_adv)
-    if cfg.estimator == "gigpo":
-        return credit.gigpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega,
-                                       norm_adv=cfg.norm_adv)
-    if cfg.estimator == "salt":
-        return salt.salt_advantages(episodes, gamma=cfg.gamma, norm_adv=cfg.norm_adv)
-    if cfg.estimator == "hgpo":
-        return hgpo.hgpo_advantages(episodes, gamma=cfg.gamma, depth=cfg.hgpo_depth,
-                                    omega=cfg.omega, norm_adv=cfg.norm_adv)
+    """Per-turn advantages of ``cfg.estimator`` (``turn_credit.turn_advantages`` with the
+    config's settings, ddof 1). ``critic`` maps state keys to V (turn_gae, hiper; None: an empty
+    one, V = 0); ``policy`` is the behaviour policy whose turn entropies EMPG reads."""
+    entropies = None
     if cfg.estimator == "empg":
         if policy is None or not hasattr(policy, "episode_entropies"):
             raise ValueError("estimator 'empg' needs the behaviour policy's turn entropies: pass "
                              "a policy with episode_entropies (e.g. KeyTablePolicy)")
         with torch.no_grad():
-            ent = empg.split_turns(policy.episode_entropies(episodes), episodes)
-        return empg.empg_advantages(episodes, ent, norm_adv=cfg.norm_adv)
-    critic = {} if critic is None else critic
-    values = [np.array([critic.get(k, 0.0) for k in ep.state_keys]) for ep in episodes]
-    last = [critic.get(ep.next_state_key, 0.0) for ep in episodes]
-    if cfg.estimator == "hiper":
-        seg = (hiper.stage_segments(episodes) if cfg.segment_len is None
-               else hiper.fixed_segments(episodes, cfg.segment_len))
-        return hiper.hiper_advantages(episodes, seg, values, last, gamma=cfg.gamma, lam=cfg.lam)
-    return credit.turn_gae(episodes, values, cfg.gamma, cfg.lam, last_values=last)
-
-
-def fit_critic(critic: dict, episodes, gamma: float, step: float) -> dict:
-    """Tabular Monte-Carlo critic: V(k) += step * (G_t - V(k)) for every visited (k, G_t)."""
-    for ep, rtg in zip(episodes, credit.episode_returns_to_go(episodes, gamma)):
-        for k, g in zip(ep.state_keys, rtg):
-            v = critic.get(k, 0.0)
-            critic[k] = v + step * (g - v)
-    return critic
+            entropies = empg.split_turns(policy.episode_entropies(episodes), episodes)
+    return turn_credit.turn_advantages(
+        episodes, cfg.estimator, gamma=cfg.gamma, lam=cfg.lam, omega=cfg.omega,
+        norm_adv=cfg.norm_adv, hgpo_depth=cfg.hgpo_depth, segment_len=cfg.segment_len,
+        critic={} if critic is None else critic, entropies=entropies)
 
 
 def update(policy, optimizer, episodes, advantages, cfg: AgentPGConfig, regulariser=None,

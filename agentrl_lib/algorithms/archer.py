@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from agentrl_lib.algorithms import agent_pg, credit, loop
+from agentrl_lib.models.policies import KeyRows
 from agentrl_lib.rollout import episode_stats, play_episodes
 from agentrl_lib.utils import optimizer_step
 
@@ -106,14 +107,10 @@ class OneHotKeys:
     linear critic this is exactly a table Q[key, a] (zero-initialised)."""
 
     def __init__(self, capacity: int = 4096):
-        self.capacity, self.index = capacity, {}
+        self.capacity, self.index = capacity, KeyRows(capacity, "OneHotKeys")
 
     def row(self, key) -> int:
-        if key not in self.index:
-            if len(self.index) >= self.capacity:
-                raise RuntimeError(f"OneHotKeys is full ({self.capacity} keys); raise capacity")
-            self.index[key] = len(self.index)
-        return self.index[key]
+        return self.index.row(key)
 
     def __call__(self, key) -> np.ndarray:
         x = np.zeros(self.capacity, dtype=np.float32)

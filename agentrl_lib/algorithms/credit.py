@@ -17,7 +17,10 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
   ``archer.py``, SPA-RL's progress model in ``spa.py``).
 
 The estimators are pure functions of the record and their arguments; the maths (discounted returns, group
-normalisation, GAE) is ``agentrl_lib.core``'s.
+normalisation, GAE) is ``agentrl_lib.core``'s. The pieces every turn-level estimator shares are here
+once: ``groups_of`` (the task groups), ``normalise_within`` (collect each group's values, normalise,
+scatter back), ``returns_to_go`` (numpy, one episode) and ``fit_critic`` (the tabular Monte-Carlo
+critic of 'turn_gae' and 'hiper'); ``turn_credit`` picks an estimator by name.
 """
 
 from __future__ import annotations
@@ -28,6 +31,27 @@ import numpy as np
 import torch
 
 from agentrl_lib.core import discounted_returns, gae_advantages
+
+
+def returns_to_go(rewards, gamma: float) -> np.ndarray:
+    """G_t = r_t + gamma G_{t+1} (G_T = 0) of one reward sequence, (T,) -> (T,) float64: the
+    numpy form of ``core.discounted_returns`` for one row, for loops over ragged per-episode
+    arrays (``tests/test_credit.py`` checks it is bit-identical to it)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    out, acc = np.zeros(len(r)), 0.0
+    for t in range(len(r) - 1, -1, -1):
+        acc = r[t] + gamma * acc
+        out[t] = acc
+    return out
+
+
+def groups_of(episodes) -> dict:
+    """{group_id: [episode indices, ascending]}, groups in order of first appearance: the task
+    groups every group-relative estimator normalises within."""
+    groups: dict = {}
+    for i, ep in enumerate(episodes):
+        groups.setdefault(ep.group_id, []).append(i)
+    return groups
 
 
 def episode_returns_to_go(episodes, gamma: float) -> list[np.ndarray]:
@@ -54,35 +78,41 @@ def group_normalise(values: np.ndarray, norm_adv: bool, ddof: int, eps: float) -
     return centred / (values.std(ddof=ddof) + eps) if norm_adv else centred
 
 
+def normalise_within(values, groups, norm_adv: bool = True, ddof: int = 1,
+                     eps: float = 1e-4):
+    """``group_normalise`` of each group's values, scattered back to their places (0 where no
+    group reaches). Either values (N,) with groups of indices into it, -> (N,); or values a list
+    of (T_i,) arrays with groups of (i, t) pairs, -> a list of (T_i,) arrays. A group's values
+    are taken in its members' order (which fixes the float summation order)."""
+    if isinstance(values, np.ndarray):
+        out = np.zeros(len(values))
+        for members in groups:
+            out[members] = group_normalise(values[members], norm_adv, ddof, eps)
+        return out
+    out = [np.zeros(len(v)) for v in values]
+    for members in groups:
+        z = group_normalise(np.array([values[i][t] for i, t in members], dtype=np.float64),
+                            norm_adv, ddof, eps)
+        for (i, t), a in zip(members, z):
+            out[i][t] = a
+    return out
+
+
 def group_normalise_turns(episodes, turn_values, norm_adv: bool = True, ddof: int = 1,
                           eps: float = 1e-4) -> list[np.ndarray]:
     """Normalise per-turn values over all turns of each group's episodes jointly (groups:
     ``ep.group_id``): list of (T_i,) -> list of (T_i,), ``group_normalise`` of the concatenation,
     split back per episode (IGPO's turn rewards, ReSeek's turn-level returns)."""
-    groups: dict = {}
-    for i, ep in enumerate(episodes):
-        groups.setdefault(ep.group_id, []).append(i)
-    out = [np.zeros(len(v)) for v in turn_values]
-    for idx in groups.values():
-        z = group_normalise(np.concatenate([np.asarray(turn_values[i], float) for i in idx]),
-                            norm_adv, ddof, eps)
-        ends = np.cumsum([len(turn_values[i]) for i in idx])
-        for i, part in zip(idx, np.split(z, ends[:-1])):
-            out[i] = part
-    return out
+    groups = [[(i, t) for i in idx for t in range(len(turn_values[i]))]
+              for idx in groups_of(episodes).values()]
+    return normalise_within(turn_values, groups, norm_adv, ddof, eps)
 
 
 def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
                        eps: float = 1e-4) -> np.ndarray:
     """A^E_i: each episode's discounted return normalised within its group; (num_episodes,)."""
     rets = np.array([g[0] if len(g) else 0.0 for g in episode_returns_to_go(episodes, gamma)])
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
-    adv = np.zeros(len(episodes))
-    for idx in groups.values():
-        adv[idx] = group_normalise(rets[idx], norm_adv, ddof, eps)
-    return adv
+    return normalise_within(rets, groups_of(episodes).values(), norm_adv, ddof, eps)
 
 
 def grpo_broadcast(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
@@ -124,13 +154,8 @@ def anchor_share(episodes, key=None, min_size: int = 2) -> float:
 def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,
                     eps: float = 1e-4, key=None) -> list[np.ndarray]:
     """A^S: each turn's discounted return-to-go normalised within its anchor-state group."""
-    rtg = episode_returns_to_go(episodes, gamma)
-    adv = [np.zeros(len(ep)) for ep in episodes]
-    for members in anchor_groups(episodes, key).values():
-        values = np.array([rtg[i][t] for i, t in members])
-        for (i, t), a in zip(members, group_normalise(values, norm_adv, ddof, eps)):
-            adv[i][t] = a
-    return adv
+    return normalise_within(episode_returns_to_go(episodes, gamma),
+                            anchor_groups(episodes, key).values(), norm_adv, ddof, eps)
 
 
 def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, norm_adv: bool = True,
@@ -166,6 +191,17 @@ def turn_gae(episodes, values, gamma: float = 0.95, lam: float = 0.95,
                                 gamma, lam)
         out.append(adv[0].numpy())
     return out
+
+
+def fit_critic(critic: dict, episodes, gamma: float, step: float) -> dict:
+    """A tabular Monte-Carlo critic, updated in place and returned: V(k) += step * (G_t - V(k))
+    for every visited (state key k, return-to-go G_t), in turn order (every visit). The critic of
+    'turn_gae' and 'hiper' for table and LM agents alike (``turn_credit``)."""
+    for ep, rtg in zip(episodes, episode_returns_to_go(episodes, gamma)):
+        for k, g in zip(ep.state_keys, rtg):
+            v = critic.get(k, 0.0)
+            critic[k] = v + step * (g - v)
+    return critic
 
 
 def to_token_advantages(episodes, turn_advantages) -> list[torch.Tensor]:

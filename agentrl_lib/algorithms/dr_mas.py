@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from agentrl_lib.algorithms import agent_pg, loop
-from agentrl_lib.algorithms.credit import group_normalise
+from agentrl_lib.algorithms.credit import groups_of, normalise_within
 from agentrl_lib.rollout import Episode, play_episodes
 from agentrl_lib.utils import optimizer_step
 
@@ -82,10 +82,7 @@ def normalise_rewards(rewards, group_ids, agent_ids, normalisation: str = "agent
     pools = defaultdict(list)
     for n, (g, k) in enumerate(zip(group_ids.tolist(), agent_ids.tolist())):
         pools[(g,) if normalisation == "global" else (g, k)].append(n)
-    adv = np.zeros_like(rewards)  # (N,)
-    for idx in pools.values():
-        adv[idx] = group_normalise(rewards[idx], norm_adv, ddof, eps)
-    return adv
+    return normalise_within(rewards, pools.values(), norm_adv, ddof, eps)  # (N,)
 
 
 def team_advantages(episodes, roles, normalisation: str = "agent", unit: str = "turn",
@@ -257,9 +254,8 @@ def evaluate_at_k(make_env, policies: dict, seeds, k: int = 8) -> dict:
     mean per-agent rewards of the sampled episodes."""
     roles = tuple(policies)
     episodes = play_episodes(make_env, team_act(policies), list(seeds), k)
-    by_group = defaultdict(list)
-    for ep in episodes:
-        by_group[ep.group_id].append(float(ep.success))
+    by_group = {g: [float(episodes[i].success) for i in idx]
+                for g, idx in groups_of(episodes).items()}
     avg, pas = avg_pass_at_k([by_group[g] for g in sorted(by_group)])
     greedy = play_episodes(make_env, team_act(policies, greedy=True), list(seeds), 1)
     R = agent_rewards(episodes, roles)

@@ -79,23 +79,27 @@ import torch
 import torch.nn.functional as F
 
 from agentrl_lib import core
-from agentrl_lib.algorithms import credit, loop
+from agentrl_lib.algorithms import credit, empg, loop, turn_credit
+from agentrl_lib.algorithms.turn_credit import CRITIC_ESTIMATORS, GROUP_ESTIMATORS, TURN_ESTIMATORS
 from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
     generation_logps, lm_rollout, model_device, pad_episodes, token_generator
 from agentrl_lib.utils import check_schedule, optimizer_step, progress, scheduled
 
 Tensor = torch.Tensor
-TURN_ESTIMATORS = ("grpo", "gigpo", "salt", "hgpo")
 
 
 @dataclass
 class GRPOConfig:
     estimator: str = "grpo"
     """the advantage: single-turn one of ``core.ESTIMATORS`` ('reinforce', 'batch_mean', 'rloo',
-    'grpo', 'dr_grpo', 'lite_ppo', 'reinforce_pp'); multi-turn 'grpo' (the episode return
+    'grpo', 'dr_grpo', 'lite_ppo', 'reinforce_pp'); multi-turn one of
+    ``turn_credit.TURN_ESTIMATORS``, the table agents' list: 'grpo' (the episode return
     normalised in its group, on every turn), 'gigpo' (plus omega x the anchor-state step
-    advantage), 'salt' (trajectory-graph step advantages) or 'hgpo' (GiGPO with a hierarchy of
-    history-consistent step groups); any other turn-level estimator through ``credit_fn``"""
+    advantage), 'salt' (trajectory-graph step advantages), 'hgpo' (GiGPO with a hierarchy of
+    history-consistent step groups), 'reinforce' (the return, no baseline), and, trained with
+    ``credit_fn=lm_credit(cfg, model)``, 'turn_gae' and 'hiper' (a tabular critic over the
+    environment's state keys) and 'empg' (the model's turn entropies); any other turn-level
+    estimator through ``credit_fn``"""
     std_ddof: int = 1
     """ddof of the std in 'grpo', 'lite_ppo' and 'reinforce_pp' (1 as torch.std and TRL)"""
     loss_agg: str = "seq_mean"
@@ -156,11 +160,24 @@ class GRPOConfig:
     """multi-turn: discount of GiGPO's step-level returns (the paper's 0.95)"""
     omega: float = 1.0
     """multi-turn: weight of GiGPO's step advantage (the paper's 1)"""
+    norm_adv: bool = True
+    """multi-turn: divide group-centred values by the group std (std_ddof); False = mean-only.
+    Single-turn estimators name their std instead ('dr_grpo' is 'grpo' without it)"""
+    lam: float = 0.95
+    """multi-turn: GAE lambda ('turn_gae', 'hiper')"""
+    hgpo_depth: int = 2
+    """multi-turn 'hgpo': the deepest history level K of the group hierarchy"""
+    segment_len: int | None = None
+    """multi-turn 'hiper': executor segments of this many turns; None: one per stage of the
+    state key"""
+    critic_lr: float = 0.5
+    """multi-turn 'turn_gae', 'hiper': step of the tabular critic toward the returns-to-go
+    (``lm_credit``, ``credit.fit_critic``)"""
     seed: int = 0
     """seeds the prompt draws and the sampling"""
 
     def __post_init__(self):
-        if self.estimator not in tuple(core.ESTIMATORS) + TURN_ESTIMATORS[1:]:
+        if self.estimator not in tuple(core.ESTIMATORS) + TURN_ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of "
                              f"{tuple(core.ESTIMATORS)} (single-turn) or {TURN_ESTIMATORS} "
                              "(multi-turn)")
@@ -177,7 +194,8 @@ class GRPOConfig:
         if self.horizon_schedule is not None:
             check_schedule(self.horizon_schedule)
         knobs = core.ESTIMATORS.get(self.estimator, {})
-        if self.group_size < 2 and (self.estimator in TURN_ESTIMATORS or "group" in knobs.values()):
+        if self.group_size < 2 and (self.estimator in GROUP_ESTIMATORS
+                                    or "group" in knobs.values()):
             raise ValueError(f"estimator {self.estimator!r} needs group_size >= 2")
 
 
@@ -283,20 +301,44 @@ def score(reward_funcs, texts: list[str], problems: list[dict]) -> Tensor:
     return total
 
 
-def turn_advantages(episodes, cfg: GRPOConfig) -> list[np.ndarray]:
-    """One advantage per turn of each episode, by ``cfg.estimator`` (one of ``TURN_ESTIMATORS``)."""
-    if cfg.estimator == "grpo":
-        return credit.grpo_broadcast(episodes)
-    if cfg.estimator == "gigpo":
-        return credit.gigpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega)
-    if cfg.estimator == "salt":
-        from agentrl_lib.algorithms import salt
-        return salt.salt_advantages(episodes, gamma=cfg.gamma)
-    if cfg.estimator == "hgpo":
-        from agentrl_lib.algorithms import hgpo
-        return hgpo.hgpo_advantages(episodes, gamma=cfg.gamma, omega=cfg.omega)
-    raise ValueError(f"estimator {cfg.estimator!r} has no multi-turn form; choose one of "
-                     f"{TURN_ESTIMATORS}")
+def turn_advantages(episodes, cfg: GRPOConfig, critic: dict | None = None,
+                    entropies=None) -> list[np.ndarray]:
+    """One advantage per turn of each episode by ``cfg.estimator``: ``turn_credit.turn_advantages``
+    with the config's settings (ddof = ``std_ddof``), the same numbers as ``agent_pg.estimate``
+    on the same episodes. critic: dict state key -> V ('turn_gae', 'hiper'); entropies: per
+    episode, the policy's entropy at each turn ('empg'); ``lm_credit`` supplies both."""
+    if cfg.estimator not in TURN_ESTIMATORS:
+        raise ValueError(f"estimator {cfg.estimator!r} has no multi-turn form; choose one of "
+                         f"{TURN_ESTIMATORS}")
+    return turn_credit.turn_advantages(
+        episodes, cfg.estimator, gamma=cfg.gamma, lam=cfg.lam, omega=cfg.omega,
+        norm_adv=cfg.norm_adv, ddof=cfg.std_ddof, hgpo_depth=cfg.hgpo_depth,
+        segment_len=cfg.segment_len, critic=critic, entropies=entropies)
+
+
+def lm_credit(cfg: GRPOConfig, model=None, critic: dict | None = None):
+    """A ``train(credit_fn=...)`` for the multi-turn estimators that need more than the batch:
+    ``turn_advantages`` with a tabular Monte-Carlo critic kept across updates ('turn_gae',
+    'hiper': V over the environment's state keys, which text environments record per turn,
+    fitted by ``credit.fit_critic`` with ``cfg.gamma`` and ``cfg.critic_lr`` after each batch's
+    advantages, as ``agent_pg.train`` does) and the current ``model``'s turn entropies ('empg':
+    ``empg.lm_turn_entropies``, the mean token entropy over each action, one forward pass).
+    Any other estimator is ``turn_advantages`` as is. ``credit_fn.critic`` is the critic dict;
+    ``credit_fn.metrics`` the number of keys it holds (``train`` logs it as
+    ``credit/critic_keys``)."""
+    if cfg.estimator == "empg" and model is None:
+        raise ValueError("lm_credit for 'empg' needs the model whose turn entropies it reads")
+    state = {} if critic is None else critic
+
+    def credit_fn(episodes):
+        ents = empg.lm_turn_entropies(model, episodes) if cfg.estimator == "empg" else None
+        adv = turn_advantages(episodes, cfg, critic=state, entropies=ents)
+        if cfg.estimator in CRITIC_ESTIMATORS:
+            credit.fit_critic(state, episodes, cfg.gamma, cfg.critic_lr)
+        credit_fn.metrics = {"critic_keys": len(state)} if state else {}
+        return adv
+    credit_fn.critic, credit_fn.metrics = state, {}
+    return credit_fn
 
 
 # --- sampling ------------------------------------------------------------------------------------
@@ -406,6 +448,9 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
     else:
         if credit_fn is not None:
             raise ValueError("credit_fn is a multi-turn option (the batch has no episodes)")
+        if not cfg.norm_adv:
+            raise ValueError("norm_adv=False is a multi-turn option; a single-turn estimator names "
+                             "its std ('dr_grpo' is 'grpo' without it)")
         rewards = batch.rewards
         if cfg.overlong_buffer > 0:
             lengths = g.completion_mask.sum(-1)

@@ -49,7 +49,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from agentrl_lib.algorithms.credit import group_normalise, episode_advantages, episode_returns_to_go
+from agentrl_lib.algorithms.credit import episode_advantages, episode_returns_to_go, \
+    normalise_within
 from agentrl_lib.envs.memory_grid import context_key
 from agentrl_lib.models.policies import KeyTablePolicy
 
@@ -87,13 +88,8 @@ def level_advantages(episodes, k: int | None, gamma: float = 0.95, norm_adv: boo
                      ddof: int = 1, eps: float = 1e-4) -> list[np.ndarray]:
     """A_k: each turn's discounted return-to-go normalised in its level-k group (0 in a group of
     one or of equal returns). k = 0 equals ``credit.step_advantages``."""
-    rtg = episode_returns_to_go(episodes, gamma)
-    adv = [np.zeros(len(ep)) for ep in episodes]
-    for members in history_groups(episodes, k).values():
-        values = np.array([rtg[i][t] for i, t in members])
-        for (i, t), a in zip(members, group_normalise(values, norm_adv, ddof, eps)):
-            adv[i][t] = a
-    return adv
+    return normalise_within(episode_returns_to_go(episodes, gamma),
+                            history_groups(episodes, k).values(), norm_adv, ddof, eps)
 
 
 def hierarchy_weights(sizes, weighting: str = "power", alpha: float = 1.0) -> np.ndarray:

@@ -191,11 +191,8 @@ def planner_advantages(episodes, segments, values=None, last_values=None,
 
 
 def _scale_by_group(episodes, adv, ddof, eps):
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
     out = [a.copy() for a in adv]
-    for idx in groups.values():
+    for idx in credit.groups_of(episodes).values():
         flat = np.concatenate([adv[i] for i in idx]) if idx else np.zeros(0)
         if len(flat) < 2 or np.all(flat == flat[0]):
             continue
@@ -239,9 +236,6 @@ def hiagent_advantages(episodes, segments, foresight: float = 1.0, gamma: float 
     for i, (ep, seg) in enumerate(zip(episodes, segs)):
         for t in np.flatnonzero(segment_starts(seg)):
             groups[(ep.group_id, key(ep, int(t)))].append((i, int(seg[t])))
-    seg_adv = [np.zeros(len(d)) for d in done]
-    for members in groups.values():
-        y = np.array([rets[i] + foresight * done[i][k] for i, k in members])
-        for (i, k), a in zip(members, credit.group_normalise(y, norm_adv, ddof, eps)):
-            seg_adv[i][k] = a
+    y = [rets[i] + foresight * d for i, d in enumerate(done)]  # (K_i,) segment scores
+    seg_adv = credit.normalise_within(y, groups.values(), norm_adv, ddof, eps)
     return [sa[seg] if len(seg) else np.zeros(0) for sa, seg in zip(seg_adv, segs)]

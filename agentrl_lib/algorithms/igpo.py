@@ -69,11 +69,12 @@ credit ``alpha * found`` for the fraction of ground-truth entities it found (``e
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import group_normalise, group_normalise_turns
+from agentrl_lib.algorithms.credit import group_normalise, group_normalise_turns, groups_of, \
+    normalise_within, returns_to_go
 
 LAST_TURN = ("outcome", "sum")
 HEADS = ("policy", "posterior")
@@ -119,22 +120,6 @@ def igpo_turn_rewards(episodes, p_gold, ig_weight: float = 1.0,
     return out
 
 
-def _discounted_to_go(r: np.ndarray, gamma: float) -> np.ndarray:
-    """A_t = r_t + gamma A_{t+1}, (T,) -> (T,)."""
-    out, acc = np.zeros(len(r)), 0.0
-    for t in range(len(r) - 1, -1, -1):
-        acc = r[t] + gamma * acc
-        out[t] = acc
-    return out
-
-
-def _groups(episodes) -> dict:
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
-    return groups
-
-
 def igpo_advantages(episodes, p_gold, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,
                     eps: float = 1e-4, ig_weight: float = 1.0,
                     last_turn: str = "outcome") -> list[np.ndarray]:
@@ -147,7 +132,7 @@ def igpo_advantages(episodes, p_gold, gamma: float = 0.95, norm_adv: bool = True
     """
     rewards = igpo_turn_rewards(episodes, p_gold, ig_weight, last_turn)
     normed = group_normalise_turns(episodes, rewards, norm_adv, ddof, eps)
-    return [_discounted_to_go(r, gamma) for r in normed]
+    return [returns_to_go(r, gamma) for r in normed]
 
 
 def zero_variance_share(episodes, advantages=None, tol: float = 1e-12) -> float:
@@ -161,7 +146,7 @@ def zero_variance_share(episodes, advantages=None, tol: float = 1e-12) -> float:
     >>> zero_variance_share(eps)
     0.5
     """
-    groups = _groups(episodes)
+    groups = groups_of(episodes)
     if not groups:
         return 0.0
     if advantages is None:
@@ -330,7 +315,7 @@ def infopo_advantages(episodes, info, gamma: float = 0.95, lam: float = 1.0,
     std of a 0/1 outcome for 0.5)."""
     info = _check_per_turn(episodes, info, 0, "info")
     out = [np.zeros(len(ep)) for ep in episodes]
-    for idx in _groups(episodes).values():
+    for idx in groups_of(episodes).values():
         R = np.array([episodes[i].ret for i in idx])
         a_out = group_normalise(R, norm_adv, ddof, eps)
         std = R.std(ddof=ddof) if len(R) > ddof else 0.0
@@ -340,7 +325,7 @@ def infopo_advantages(episodes, info, gamma: float = 0.95, lam: float = 1.0,
         start = 0
         for i, a in zip(idx, a_out):
             T = len(info[i])
-            out[i] = a + lam * g * _discounted_to_go(z[start:start + T], gamma)
+            out[i] = a + lam * g * returns_to_go(z[start:start + T], gamma)
             start += T
     return out
 
@@ -360,9 +345,7 @@ def egrpo_advantages(episodes, found, alpha: float = 0.5, norm_adv: bool = True,
                      eps: float = 1e-4) -> list[np.ndarray]:
     """GRPO on ``egrpo_rewards``: normalised in the group, broadcast to every turn."""
     R = egrpo_rewards(episodes, found, alpha)
-    adv = np.zeros(len(episodes))
-    for idx in _groups(episodes).values():
-        adv[idx] = group_normalise(R[idx], norm_adv, ddof, eps)
+    adv = normalise_within(R, groups_of(episodes).values(), norm_adv, ddof, eps)
     return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
 
 

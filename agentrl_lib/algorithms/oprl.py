@@ -53,7 +53,6 @@ a group of one or all-equal values; per-episode float64 arrays (T_i,). Tensors l
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +60,7 @@ import torch
 
 from agentrl_lib.algorithms import credit
 from agentrl_lib.algorithms.dpo import dpo_loss
+from agentrl_lib.models.policies import KeyRows
 
 PAIRINGS = ("all", "best_worst")
 REFERENCES = ("uniform", "given")
@@ -112,11 +112,8 @@ def preference_pairs(episodes, pairs: str = "all") -> tuple[np.ndarray, np.ndarr
     """
     if pairs not in PAIRINGS:
         raise ValueError(f"pairs must be one of {PAIRINGS}, got {pairs!r}")
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
     chosen, rejected = [], []
-    for members in groups.values():
+    for members in credit.groups_of(episodes).values():
         rets = {i: episodes[i].ret for i in members}
         if pairs == "all":
             for i in members:
@@ -162,24 +159,8 @@ def step_level_advantages(episodes, step_rewards, gamma: float = 0.0, norm_adv: 
         r = np.asarray(r, dtype=np.float64)
         if len(r) != len(ep):
             raise ValueError(f"step rewards of length {len(r)} for an episode of {len(ep)} turns")
-        if gamma > 0:
-            g = np.zeros(len(r))
-            acc = 0.0
-            for t in range(len(r) - 1, -1, -1):
-                acc = r[t] + gamma * acc
-                g[t] = acc
-            r = g
-        values.append(r)
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
-    out = [np.zeros(len(ep)) for ep in episodes]
-    for members in groups.values():
-        flat = np.concatenate([values[i] for i in members]) if members else np.zeros(0)
-        norm = credit.group_normalise(flat, norm_adv, ddof, eps)
-        for i, part in zip(members, np.split(norm, np.cumsum([len(values[i]) for i in members])[:-1])):
-            out[i] = part
-    return out
+        values.append(credit.returns_to_go(r, gamma) if gamma > 0 else r)
+    return credit.group_normalise_turns(episodes, values, norm_adv, ddof, eps)
 
 
 def oprl_advantages(episodes, step_rewards, alpha: float = 1.0, gamma: float = 0.0,
@@ -218,7 +199,7 @@ class ImplicitPRM:
             raise ValueError(f"num_actions must be >= 2, got {num_actions}")
         self.num_actions, self.cfg, self.key = num_actions, cfg or OPRLConfig(), key
         self.init_logits, self.action_index = init_logits, action_index
-        self.rows: dict = {}
+        self.rows = KeyRows(owner="ImplicitPRM")
         self.theta = torch.zeros(0, num_actions, dtype=torch.float64, device="cpu")  # (K, A)
         self.opt_state: dict = {}
 
@@ -234,9 +215,8 @@ class ImplicitPRM:
                 if not 0 <= a < self.num_actions:
                     raise ValueError(f"action index {a} outside [0, {self.num_actions})")
                 if k not in self.rows:
-                    self.rows[k] = len(self.rows)
                     new.append(k)
-                rows.append(self.rows[k])
+                rows.append(self.rows.row(k))
                 acts.append(a)
                 owner.append(i)
         if new:

@@ -29,12 +29,10 @@ whether the answer rests on the gold evidence).
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
-from agentrl_lib.algorithms.credit import (episode_returns_to_go, group_normalise,
-                                          group_normalise_turns)
+from agentrl_lib.algorithms.credit import (group_normalise_turns, groups_of, normalise_within,
+                                          returns_to_go)
 
 MODES = ("episode", "turn")
 
@@ -85,29 +83,12 @@ def reseek_advantages(episodes, turn_rewards, mode: str = "episode", norm_adv: b
     for ep, r in zip(episodes, turn_rewards):
         if len(r) != len(ep):
             raise ValueError(f"an episode of {len(ep)} turns got {len(r)} turn rewards")
-    groups = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.group_id].append(i)
-    out = [np.zeros(len(ep)) for ep in episodes]
     if mode == "episode":
         totals = np.array([float(np.sum(r)) for r in turn_rewards])
-        for idx in groups.values():
-            for i, a in zip(idx, group_normalise(totals[idx], norm_adv, ddof, eps)):
-                out[i] = np.full(len(episodes[i]), a)
-        return out
-    proxies = [_Rewards(r) for r in turn_rewards]
-    rtg = episode_returns_to_go(proxies, 1.0)
+        adv = normalise_within(totals, groups_of(episodes).values(), norm_adv, ddof, eps)
+        return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
+    rtg = [returns_to_go(r, 1.0) for r in turn_rewards]
     return group_normalise_turns(episodes, rtg, norm_adv, ddof, eps)
-
-
-class _Rewards:
-    """An episode-shaped view of a reward array (for ``credit.episode_returns_to_go``)."""
-
-    def __init__(self, rewards):
-        self.rewards = list(np.asarray(rewards, dtype=float))
-
-    def __len__(self) -> int:
-        return len(self.rewards)
 
 
 def path_faithfulness(episode, kept_only: bool = True) -> float:

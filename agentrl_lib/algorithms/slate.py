@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import group_normalise
+from agentrl_lib.algorithms.credit import groups_of, normalise_within
 from agentrl_lib.rewards.judges import NoisyJudge
 from agentrl_lib.rollout import Episode, record_step
 
@@ -158,11 +158,8 @@ def sibling_advantages(rewards, group_ids, norm_adv: bool = True, ddof: int = 1,
     g = np.asarray(group_ids)
     if r.shape != g.shape:
         raise ValueError(f"rewards {r.shape} and group_ids {g.shape} must have the same shape")
-    adv = np.zeros(len(r))
-    for gid in np.unique(g):
-        idx = np.nonzero(g == gid)[0]
-        adv[idx] = group_normalise(r[idx], norm_adv, ddof, eps)
-    return adv
+    return normalise_within(r, [np.nonzero(g == gid)[0] for gid in np.unique(g)], norm_adv, ddof,
+                            eps)
 
 
 def trajectory_advantages(episodes, step_rewards, norm_adv: bool = True, ddof: int = 1,
@@ -172,10 +169,7 @@ def trajectory_advantages(episodes, step_rewards, norm_adv: bool = True, ddof: i
     if len(step_rewards) != len(episodes):
         raise ValueError(f"{len(step_rewards)} reward arrays for {len(episodes)} episodes")
     R = np.array([float(np.sum(r)) for r in step_rewards])
-    adv = np.zeros(len(episodes))
-    for gid in {ep.group_id for ep in episodes}:
-        idx = [i for i, ep in enumerate(episodes) if ep.group_id == gid]
-        adv[idx] = group_normalise(R[idx], norm_adv, ddof, eps)
+    adv = normalise_within(R, groups_of(episodes).values(), norm_adv, ddof, eps)
     return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
 
 

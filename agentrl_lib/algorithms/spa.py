@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from agentrl_lib.core import discounted_returns, whiten
+from agentrl_lib.models.policies import KeyRows
 from agentrl_lib.utils import optimizer_step
 
 
@@ -133,7 +134,7 @@ class ProgressModel:
     def __init__(self, cfg: SPAConfig | None = None, features=None, key=None, seed: int = 0):
         self.cfg = cfg or SPAConfig()
         self.features, self.key = features, key or (lambda s, a: (s, a))
-        self.index: dict = {}
+        self.index = KeyRows(owner="ProgressModel")  # feature key -> one-hot column
         self.w: np.ndarray | None = None
         self.net: nn.Module | None = None
         self.seed = seed
@@ -176,7 +177,7 @@ class ProgressModel:
         if self.features is None:
             for ep in episodes:
                 for k in self._keys(ep):
-                    self.index.setdefault(k, len(self.index))
+                    self.index.row(k)
         rows = [self._rows(ep) for ep in episodes]  # each (T_i, D)
         D = rows[0].shape[1] if rows else 0
         if self.cfg.model == "linear":

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from agentrl_lib.algorithms import dpo
+from agentrl_lib.algorithms.credit import returns_to_go
 from agentrl_lib.algorithms.dp import finite_horizon_advantages
 from agentrl_lib.rollout import (Episode, episode_stats, generate, observation_text, prompt_text,
                                 record_step)
@@ -86,11 +87,9 @@ def uct_scores(q: np.ndarray, n: np.ndarray, n_parent: int, c_uct: float) -> np.
 
 
 def discounted_return(rewards, gamma: float) -> float:
-    """sum_t gamma^t r_t of one simulation's rewards from the node on."""
-    g = 0.0
-    for r in reversed(list(rewards)):
-        g = r + gamma * g
-    return g
+    """sum_t gamma^t r_t of one simulation's rewards from the node on (0.0 for none)."""
+    g = returns_to_go(list(rewards), gamma)
+    return float(g[0]) if len(g) else 0.0
 
 
 def finite_horizon_q(mdp, pi: Tensor | None, horizon: int) -> Tensor:

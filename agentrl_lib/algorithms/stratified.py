@@ -52,7 +52,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from agentrl_lib.algorithms.credit import group_normalise
+from agentrl_lib.algorithms.credit import normalise_within
 
 
 def search_counts(episodes, tool: str = "search") -> np.ndarray:
@@ -102,16 +102,12 @@ def san_advantages(returns, group_ids, strata, alpha: float = 1.0, norm_adv: boo
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     r, g, s = _check(returns, group_ids, strata)
-    a_gn = np.zeros(len(r))  # (B,)
-    a_san = np.zeros(len(r))  # (B,)
     groups, cells = defaultdict(list), defaultdict(list)
     for i in range(len(r)):
         groups[g[i]].append(i)
         cells[(g[i], s[i])].append(i)
-    for idx in groups.values():
-        a_gn[idx] = group_normalise(r[idx], norm_adv, ddof, eps)
-    for idx in cells.values():
-        a_san[idx] = group_normalise(r[idx], norm_adv, ddof, eps)
+    a_gn = normalise_within(r, groups.values(), norm_adv, ddof, eps)  # (B,)
+    a_san = normalise_within(r, cells.values(), norm_adv, ddof, eps)  # (B,)
     bias, _ = cross_stratum_bias(r, g, s)
     metrics = {"singleton_share": float(np.mean([len(cells[(g[i], s[i])]) == 1 for i in range(len(r))]))
                if len(r) else 0.0,

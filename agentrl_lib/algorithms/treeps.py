@@ -172,12 +172,11 @@ def process_advantages(episodes, norm_adv: bool = True, form: str = "local", ddo
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     values = node_values(episodes)
-    rets = defaultdict(list)
-    for ep in episodes:
-        rets[ep.group_id].append(ep.ret)
+    rets = {g: np.array([episodes[i].ret for i in idx])
+            for g, idx in credit.groups_of(episodes).items()}
     out = []
     for ep in episodes:
-        r = np.asarray(rets[ep.group_id])
+        r = rets[ep.group_id]
         if len(r) < 2 or np.all(r == r[0]):
             out.append(np.zeros(len(ep)))
             continue

@@ -14,7 +14,8 @@ What TRL does not have raises ``ValueError`` naming the field (see ``TRL_FIXED``
 - std with ddof=1 and the k3 KL estimator are the only choices TRL implements;
 - dynamic sampling and DAPO's soft overlong punishment are not GRPOTrainer options;
 - the 'reinforce', 'batch_mean', 'rloo' and 'reinforce_pp' estimators belong to other trainers,
-  and GiGPO's turn-level one ('gigpo', with ``gamma`` and ``omega``) to none;
+  and the turn-level ones (``turn_credit.TURN_ESTIMATORS`` but 'grpo': 'gigpo', 'turn_gae', ...,
+  with ``gamma``, ``omega``, ``lam``, ...) to none;
 - ``clip='cispo'`` is TRL's ``loss_type="cispo"``, which aggregates as 'token_mean' and has no
   lower bound (so ``clip_eps >= 1``); TRL caps rho itself, so its ``epsilon_high`` is
   1 + ``clip_eps_high`` (the round trip is exact where that sum is; ``clip_eps_high=None`` means
@@ -54,17 +55,24 @@ from transformers import TrainerCallback
 
 from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.algorithms.sft import fit, masked_nll, scripted_policy
+from agentrl_lib.algorithms.turn_credit import TURN_ESTIMATORS
+from agentrl_lib.core import ESTIMATORS
 from agentrl_lib.envs.tool_env import INSTRUCTION, GridToolEnv, environment_factory, \
     tool_conversation
 from agentrl_lib.rollout import messages_example, model_device, play_episodes
 
 LOSS_TYPES = {"seq_mean": "grpo", "token_mean": "bnpo", "const_norm": "dr_grpo"}
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "lite_ppo": "batch"}
-UNSUPPORTED_ESTIMATORS = ("reinforce", "batch_mean", "rloo", "reinforce_pp", "gigpo", "salt", "hgpo")
+# Every estimator (single-turn core.ESTIMATORS, then the multi-turn turn_credit list) that is not
+# a scale_rewards setting: the other single-turn ones belong to other trainers, the turn-level
+# ones to none.
+UNSUPPORTED_ESTIMATORS = tuple(e for e in dict.fromkeys((*ESTIMATORS, *TURN_ESTIMATORS))
+                               if e not in SCALE_REWARDS)
 # Our fields whose value TRL's GRPOTrainer fixes: a config must hold exactly this value.
 TRL_FIXED = {"std_ddof": 1, "kl_estimator": "k3", "dynamic_sampling": False, "overlong_buffer": 0,
              "overlong_penalty": 1.0, "gamma": 0.95, "omega": 1.0, "entropy_coef": 0.0,
-             "horizon_schedule": None, "max_context": None}
+             "horizon_schedule": None, "max_context": None, "norm_adv": True, "lam": 0.95,
+             "hgpo_depth": 2, "segment_len": None, "critic_lr": 0.5}
 # Our fields with a TRL counterpart (ours -> TRL's GRPOConfig / TrainingArguments).
 MAPPED = {"estimator": "scale_rewards", "loss_agg": "loss_type", "clip_eps": "epsilon",
           "clip_eps_high": "epsilon_high", "beta": "beta",

@@ -4,7 +4,7 @@
 - ``TabularTreePolicy``: one softmax table per depth of a ``TokenTreeMDP`` (``PromptSetPolicy``:
   B of them stacked, one per prompt).
 - ``KeyTablePolicy``: a softmax row per hashable key (a multi-turn env's state or observation),
-  assigned at first sight; ``tabular_agent``: any (S, A) table as a ``play_episodes`` policy.
+  assigned at first sight (``KeyRows``, the key -> row lookup every keyed table shares); ``tabular_agent``: any (S, A) table as a ``play_episodes`` policy.
 - ``mlp``, ``MLPPolicy``, ``ActorCritic``: CleanRL's networks.
 
 Each is a plain ``nn.Module`` (or a function); none imports an environment.
@@ -131,6 +131,33 @@ class PromptSetPolicy(torch.nn.Module):
 
 
 # --- multi-turn environments ---------------------------------------------------------------------
+class KeyRows(dict):
+    """key -> row index of a table keyed by hashable states, assigned 0, 1, ... at a key's first
+    sight by ``row`` (reading it as a dict, ``k in rows`` or ``rows[k]``, assigns nothing); at most
+    ``capacity`` keys (None: no cap). The one lookup of every such table: ``KeyTablePolicy`` (and
+    ``hgpo.WindowTablePolicy``), ``oprl.ImplicitPRM``, ``archer.OneHotKeys``, ``spa``'s features.
+
+    >>> rows = KeyRows(capacity=2)
+    >>> rows.rows_of(["b", "a", "b"]), dict(rows)
+    ([0, 1, 0], {'b': 0, 'a': 1})
+    """
+
+    def __init__(self, capacity: int | None = None, owner: str = "the table"):
+        super().__init__()
+        self.capacity, self.owner = capacity, owner
+
+    def row(self, k) -> int:
+        if k not in self:
+            if self.capacity is not None and len(self) >= self.capacity:
+                raise RuntimeError(f"{self.owner} is full ({self.capacity} keys); raise capacity")
+            self[k] = len(self)
+        return self[k]
+
+    def rows_of(self, keys) -> list[int]:
+        """``row`` of each key, in order."""
+        return [self.row(k) for k in keys]
+
+
 class KeyTablePolicy(nn.Module):
     """pi(a | k) = softmax(theta[k]) over ``env.actions``, one row of logits per key k, zeros
     (uniform) until trained. ``key='state'`` uses the environment's true state key (a Markov
@@ -144,22 +171,21 @@ class KeyTablePolicy(nn.Module):
             raise ValueError(f"key must be 'state' or 'observation', got {key!r}")
         self.key, self.capacity = key, capacity
         self.logits = nn.Parameter(torch.zeros(capacity, num_actions, dtype=torch.float64))
-        self.rows: dict = {}
+        self.rows = KeyRows(capacity, "KeyTablePolicy")
         self.rng = np.random.default_rng(seed)
 
     def row(self, k) -> int:
-        if k not in self.rows:
-            if len(self.rows) >= self.capacity:
-                raise RuntimeError(f"KeyTablePolicy is full ({self.capacity} keys); raise capacity")
-            self.rows[k] = len(self.rows)
-        return self.rows[k]
+        return self.rows.row(k)
+
+    def row_index(self, keys) -> torch.Tensor:
+        """The table rows of ``keys`` (assigned at first sight), (N,) long."""
+        return torch.tensor(self.rows.rows_of(keys), dtype=torch.long)
 
     def keys_of(self, ep) -> list:
         return ep.state_keys if self.key == "state" else ep.observations
 
     def probs(self, keys) -> torch.Tensor:
-        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
-        return torch.softmax(self.logits[idx], -1)  # (N, A)
+        return torch.softmax(self.logits[self.row_index(keys)], -1)  # (N, A)
 
     @torch.no_grad()
     def act(self, envs, observations) -> list[int]:
@@ -172,15 +198,13 @@ class KeyTablePolicy(nn.Module):
         """log pi(a_t | k_t) of every turn of every episode, concatenated, (sum_i T_i,)."""
         keys = [k for ep in episodes for k in self.keys_of(ep)]
         actions = torch.tensor([a for ep in episodes for a in ep.action_ids], dtype=torch.long)
-        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
-        return torch.log_softmax(self.logits[idx], -1).gather(-1, actions[:, None]).squeeze(-1)
+        return torch.log_softmax(self.logits[self.row_index(keys)], -1).gather(-1, actions[:, None]).squeeze(-1)
 
     def episode_entropies(self, episodes) -> torch.Tensor:
         """H(pi(. | k_t)) = -sum_a pi log pi of every turn of every episode, concatenated, with
         gradient (entropy bonuses and regularisers; EMPG's step entropies). (sum_i T_i,)"""
         keys = [k for ep in episodes for k in self.keys_of(ep)]
-        idx = torch.tensor([self.row(k) for k in keys], dtype=torch.long)
-        logp = torch.log_softmax(self.logits[idx], -1)  # (N, A)
+        logp = torch.log_softmax(self.logits[self.row_index(keys)], -1)  # (N, A)
         return -(logp.exp() * logp).sum(-1)
 
 
