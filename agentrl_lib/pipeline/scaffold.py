@@ -215,10 +215,10 @@ def notebook(stem: str, module: str, family: str) -> dict:
         md("## 1. Setup"), code(SETUP),
         md(BACKGROUND),
         md("## 3. Build it step by step\nThe objective by hand on three arms."), code(BUILD),
-        md(f"## 4. Same as the library\nThe from-scratch piece equals `agentrl_lib.algorithms."
-           f"{module}` on random inputs."), code(SAME),
-        md("## 5. Train\nEvery arm gets the same lr sweep on the tuning seeds, picked by the "
-           "library's one rule (`pipeline.tuning.pick_lr`); the judged seed is never looked at "
+        md(f"## 4. Same as the library\nThe from-scratch piece equals\n"
+           f"`agentrl_lib.algorithms.{module}` on random inputs."), code(SAME),
+        md("## 5. Train\nEvery arm gets the same lr sweep on the tuning seeds, picked by the\n"
+           "library's one rule (`pipeline.tuning.pick_lr`); the judged seed is never looked at\n"
            "while choosing."), code(TRAIN),
         md(POWER), code(CLAIMS),
         md("**Reading the result** (rendered from this run's numbers)."), code(READING),
