@@ -5,6 +5,7 @@
     agentrl reproduce NOTEBOOK --profile P --seeds 0-4 [--grid FILE] [--jobs N] [--backend local|ray]
     agentrl report [--runs runs] [--out report]
     agentrl cache [NAME ...] [--ship] build the cached SFT base models (agentrl-sft/<name>)
+    agentrl new NN_name --module M --family F   a new paper's notebook, module, test, profiles
 
 ``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
 after another; a failure is reported and the others still run (the exit code is 1 if any failed).
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 from agentrl_lib.pipeline.notebooks import (
-    PROFILES, PipelineError, find_notebook, load_notebook, notebook_paths, repo_root,
+    PROFILES, PipelineError, find_notebook, load_notebook, notebook_paths, readme_map, repo_root,
     resolve_params,
 )
 
@@ -27,13 +28,7 @@ def cmd_list(args) -> int:
     root = repo_root()
     infos = [load_notebook(p, root) for p in notebook_paths(root)]
     if args.markdown:
-        print("| notebook | paper | library modules | claim checked |\n|---|---|---|---|")
-        for i in infos:
-            m = i.meta
-            paper = f"[{m.get('paper', '')}]({m['url']})" if m.get("url") else m.get("paper", "")
-            mods = ", ".join(f"`{x}`" for x in m.get("modules", []))
-            print(f"| [{i.name}](notebooks/{i.path.name}): {i.title} | {paper} | {mods} | "
-                  f"{m.get('claim', '')} |")
+        print(readme_map(infos))
         return 0
     for i in infos:
         print(f"{i.name}: {i.title}")
@@ -136,6 +131,16 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_new(args) -> int:
+    from agentrl_lib.pipeline.scaffold import new_paper
+
+    root = repo_root()
+    for path in new_paper(root, args.name, args.module, args.family):
+        print(f"wrote {path.relative_to(root)}")
+    print(f"next: fill in the TODOs, then `agentrl run {args.name[:2]} --profile ci`")
+    return 0
+
+
 def cmd_cache(args) -> int:
     import time
 
@@ -219,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write reproductions/RESULTS.md and per-notebook CSVs and figures "
                         "for this profile (the committed summaries)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("new", help="start a new paper: notebook skeleton, module, test, profiles "
+                       "(and the README map regenerated)")
+    p.add_argument("name", help="the notebook's stem, NN_short_name (e.g. 99_demo)")
+    p.add_argument("--module", required=True, help="the module agentrl_lib/algorithms/<m>.py")
+    p.add_argument("--family", required=True,
+                   help="the catalog family (../shared/papers/catalog.csv), e.g. agents")
+    p.set_defaults(func=cmd_new)
     p = sub.add_parser("cache", help="build (or check) the cached SFT base models")
     p.add_argument("names", nargs="*", help="base model names (default: all)")
     p.add_argument("--quiet", action="store_true")

@@ -20,7 +20,7 @@ sleep_s: float = 0.0  # seconds to sleep in the work cell
 '''
 
 WORK = '''
-from agentrl_lib.pipeline.results import claim, write_results, assert_claims
+from agentrl_lib.pipeline.results import claim, write_results, assert_claims, params_from
 import json, os, time
 time.sleep(sleep_s)
 total = sum(range(steps)) * lr
@@ -28,7 +28,7 @@ if fail_at == steps:
     raise RuntimeError("boom at the work cell")
 claims = [claim("positive", "total is positive", "total", total, 0.0, ">",
                 kind="sanity")]
-write_results("00_toy", dict(seed=seed, profile=profile, lr=lr, steps=steps), {"total": total}, claims)
+write_results("00_toy", params_from(globals(), "00_toy"), {"total": total}, claims)
 assert_claims(claims)
 '''
 

@@ -149,3 +149,27 @@ def exact_pg_direction(mdp, pi, horizon: int) -> torch.Tensor:
     adv, _ = finite_horizon_advantages(mdp, pi, horizon)  # (H, S, A)
     d = alive_distribution(mdp, pi, horizon)  # (H, S)
     return torch.einsum("ts,sa,tsa->sa", d, pi, adv)
+
+
+def success_within(mdp, pi, horizon: int) -> float:
+    """P(a terminal state is reached within ``horizon`` turns) under ``pi``, exactly: the start
+    distribution pushed ``horizon`` times through P_pi(s'|s) = sum_a pi(a|s) P(s'|s, a), then the
+    mass on terminal states. It needs terminal states absorbing (their rows of P stay put, as in
+    ``GridAgentEnv.tabular_form``), so that mass that reached the goal stays counted.
+    pi: (S, A), or (H, S, A) with one table per turn (a policy that reads the turn).
+
+    >>> from agentrl_lib.envs.multiturn import GridAgentEnv
+    >>> env = GridAgentEnv(["..."], tasks=[((0, 0), (0, 2))], max_turns=8)
+    >>> mdp = env.tabular_form((0, 0), (0, 2))
+    >>> round(success_within(mdp, torch.full((3, 4), 0.25, dtype=torch.float64), 2), 4)  # 1/16
+    0.0625
+    """
+    d = mdp.init.clone()  # (S,)
+    if pi.dim() == 2:
+        P_pi = torch.einsum("sa,sat->st", pi, mdp.P)  # (S, S)
+        for _ in range(horizon):
+            d = d @ P_pi
+    else:
+        for t in range(horizon):
+            d = d @ torch.einsum("sa,sat->st", pi[t], mdp.P)
+    return d[mdp.terminal].sum().item()

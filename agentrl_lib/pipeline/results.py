@@ -4,8 +4,12 @@ A notebook calls, in its "Did it work?" section::
 
     claims = [claim("faster", "GiGPO learns faster than GRPO", "success@200", ours, base, ">",
                     margin=0.05, paper_value="+12% ALFWorld")]
+    print_claims(claims)                               # one line per claim
     write_results(NOTEBOOK, params, metrics, claims)   # first: nothing computed is lost ...
     assert_claims(claims)                              # ... then the run fails if a claim fails
+
+where ``params = params_from(globals())`` (in the setup cell) holds every declared parameter;
+the "Reading the result" prose words each claim with ``verdict(c)``.
 
 A learning curve goes into ``metrics`` as ``metrics["curve/<name>"] = learning_curve(values,
 steps)``; the report shows its start, peak and final and flags a collapsed run (``curve_summary``).
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentrl_lib.pipeline.notebooks import parameters_source, parse_parameters
 from agentrl_lib.pipeline.paths import current_run_dir
 
 _START = time.time()
@@ -235,14 +240,93 @@ def device_name() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def notebook_meta(notebook: str) -> dict:
-    """The ``agentrl`` block of the notebook's metadata (title, paper, url, ...), if findable."""
+def notebook_file(notebook: str) -> Path | None:
+    """The notebook's ``.ipynb``: ``$AGENTRL_NOTEBOOK`` under ``agentrl run``, else
+    ``<notebook>.ipynb`` in the working directory (nbval and Jupyter run a notebook from its own
+    folder) or under ``notebooks/``; None when none is found."""
     candidates = [os.environ.get("AGENTRL_NOTEBOOK", ""), f"{notebook}.ipynb",
                   f"notebooks/{notebook}.ipynb"]
-    for c in candidates:
-        if c and Path(c).is_file():
-            return json.loads(Path(c).read_text()).get("metadata", {}).get("agentrl", {})
-    return {}
+    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+
+
+def notebook_meta(notebook: str) -> dict:
+    """The ``agentrl`` block of the notebook's metadata (title, paper, url, ...), if findable."""
+    path = notebook_file(notebook)
+    meta = {} if path is None else json.loads(path.read_text()).get("metadata", {})
+    return meta.get("agentrl", {})
+
+
+def declared_parameters(notebook: str) -> list[str] | None:
+    """The names in the notebook's cell tagged ``parameters``, in order (the pipeline's parser,
+    ``notebooks.parse_parameters``); None when the notebook file is not found. The file's
+    parameters cell is read, not papermill's injected cell: the pipeline injects only names the
+    notebook declares."""
+    path = notebook_file(notebook)
+    if path is None or Path(path).stem != notebook:
+        return None
+    return list(parse_parameters(parameters_source(json.loads(path.read_text()))))
+
+
+def params_from(namespace: dict, notebook: str | None = None) -> dict:
+    """``params`` for ``write_results``: every parameter the notebook declares, with its value in
+    ``namespace`` (the notebook's ``globals()``, so a value papermill injected is the one recorded),
+    in the parameters cell's order. ``notebook``: its stem, default ``namespace["NOTEBOOK"]``.
+    Call it where the old hand-written dict stood: the values are read when it is called.
+
+    Raises LookupError when the notebook file cannot be found (then nothing could be checked) or
+    a declared name is not defined in ``namespace``."""
+    notebook = notebook or namespace["NOTEBOOK"]
+    names = declared_parameters(notebook)
+    if names is None:
+        raise LookupError(f"cannot find {notebook}.ipynb (nor $AGENTRL_NOTEBOOK) to read its "
+                          f"parameters cell")
+    missing = [n for n in names if n not in namespace]
+    if missing:
+        raise LookupError(f"{notebook}: declared parameters not defined: {missing}")
+    return {n: namespace[n] for n in names}
+
+
+def verdict(c: Claim, *, failed: str = "does not hold", note: str | None = "always",
+            reported: str = "reported, not asserted") -> str:
+    """A claim's verdict in the "Reading the result" prose: 'holds' or ``failed``, then whether it
+    was asserted: ``note='always'`` ('holds (asserted)'), ``'unasserted'`` (only ' (reported, not
+    asserted)' after an unasserted claim) or None (no note); ``reported`` words the unasserted
+    case. The keywords keep each notebook's wording ('does **not** hold', '(reported)').
+
+    >>> c = claim("c", "beats", "acc", 0.4, 0.5, ">", kind="paper", asserted=False)
+    >>> verdict(c), verdict(c, note="unasserted", reported="reported"), verdict(c, note=None)
+    ('does not hold (reported, not asserted)', 'does not hold (reported)', 'does not hold')
+    """
+    text = "holds" if c.holds else failed
+    if note == "always":
+        return f"{text} ({'asserted' if c.asserted else reported})"
+    if note == "unasserted":
+        return text + ("" if c.asserted else f" ({reported})")
+    if note is None:
+        return text
+    raise ValueError(f"note must be 'always', 'unasserted' or None, got {note!r}")
+
+
+def claim_line(c: Claim) -> str:
+    """One line per claim: verdict, asserted or reported, kind (and post hoc), id, metric, the
+    rule with its numbers, and the control's outcome.
+
+    >>> claim_line(claim("up", "s", "acc", 0.9, 0.5, ">", margin=0.1, kind="paper"))
+    '[HOLDS] (asserted, paper) up: acc: ours=0.9 > baseline=0.5 (margin 0.1)'
+    """
+    flag = "asserted" if c.asserted else "reported"
+    kind = c.kind + (", post hoc" if c.post_hoc else "")
+    base = "None" if c.baseline is None else f"{c.baseline:.4g}"
+    fails = "fails, as it must" if c.control_fails else "PASSES: no evidence"
+    ctrl = "" if c.control is None else f"; control={c.control:.4g} ({fails})"
+    return (f"[{'HOLDS' if c.holds else 'fails'}] ({flag}, {kind}) {c.id}: {c.metric}: "
+            f"ours={c.ours:.4g} {c.direction} baseline={base} (margin {c.margin:.4g}){ctrl}")
+
+
+def print_claims(claims: list[Claim]) -> None:
+    """Print ``claim_line`` of each claim (the registry at a glance, before the asserts)."""
+    for c in claims:
+        print(claim_line(c))
 
 
 def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim],
@@ -251,7 +335,10 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
 
     ``panel_hash``: the hash of the fixed evaluation panel (a string, or a dict of them), recorded
     as ``eval_panel_hash``; when not given, a ``panel_hash``/``panel_hashes`` metric is used, and
-    notebooks evaluated exactly (tabular oracles, no sampled panel) record None."""
+    notebooks evaluated exactly (tabular oracles, no sampled panel) record None.
+
+    A parameter the notebook declares but ``params`` lacks raises ValueError once the file is
+    written (``params_from`` builds a complete ``params``)."""
     seed = int(params.get("seed", 0))
     meta = notebook_meta(notebook)
     payload = {
@@ -282,6 +369,11 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_default))
     os.replace(tmp, path)
+    # after writing, so that a long run's numbers are kept; the run still fails
+    dropped = [n for n in declared_parameters(notebook) or [] if n not in params]
+    if dropped:
+        raise ValueError(f"{notebook}: params lacks declared parameters {dropped}; build it with "
+                         f"params_from(globals())")
     return path
 
 
