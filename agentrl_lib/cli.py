@@ -1,10 +1,11 @@
 """The ``agentrl`` command: list notebooks, run them with papermill, build the report.
 
     agentrl list [--markdown]
+    agentrl readme [--check]          rewrite the README's generated parts (pipeline/readme.py)
     agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
     agentrl reproduce NOTEBOOK --profile P --seeds 0-4 [--grid FILE] [--jobs N] [--backend local|ray]
     agentrl report [--runs runs] [--out report]
-    agentrl cache [NAME ...] [--ship] build the cached SFT base models (agentrl-sft/<name>)
+    agentrl cache [NAME ... | --shipped] [--ship]  build the cached SFT bases (agentrl-sft/<name>)
 
 ``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
 after another; a failure is reported and the others still run (the exit code is 1 if any failed).
@@ -25,16 +26,12 @@ from agentrl_lib.pipeline.notebooks import (
 
 def cmd_list(args) -> int:
     root = repo_root()
-    infos = [load_notebook(p, root) for p in notebook_paths(root)]
     if args.markdown:
-        print("| notebook | paper | library modules | claim checked |\n|---|---|---|---|")
-        for i in infos:
-            m = i.meta
-            paper = f"[{m.get('paper', '')}]({m['url']})" if m.get("url") else m.get("paper", "")
-            mods = ", ".join(f"`{x}`" for x in m.get("modules", []))
-            print(f"| [{i.name}](notebooks/{i.path.name}): {i.title} | {paper} | {mods} | "
-                  f"{m.get('claim', '')} |")
+        from agentrl_lib.pipeline.readme import notebook_map
+
+        print(notebook_map(root), end="")
         return 0
+    infos = [load_notebook(p, root) for p in notebook_paths(root)]
     for i in infos:
         print(f"{i.name}: {i.title}")
         if i.meta.get("paper"):
@@ -46,6 +43,23 @@ def cmd_list(args) -> int:
             extra = "  [" + ", ".join(f"{k}: {v!r}" for k, v in over.items()) + "]" if over else ""
             print(f"    {p.name}: {p.type} = {p.default!r}  # {p.help}{extra}")
         print()
+    return 0
+
+
+def cmd_readme(args) -> int:
+    from agentrl_lib.pipeline.readme import fill, generated_parts
+
+    path = repo_root() / "README.md"
+    text = path.read_text()
+    new = fill(text, generated_parts(repo_root()))
+    if new == text:
+        print("README.md: the generated parts are up to date")
+        return 0
+    if args.check:
+        print("README.md: the generated parts are stale; run `agentrl readme`", file=sys.stderr)
+        return 1
+    path.write_text(new)
+    print("README.md: rewrote the notebook map and the layout")
     return 0
 
 
@@ -141,7 +155,7 @@ def cmd_cache(args) -> int:
 
     import torch
 
-    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint
+    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint, checkpoint_path
     from agentrl_lib.models.loading import install_folder
 
     if args.quiet:
@@ -149,8 +163,14 @@ def cmd_cache(args) -> int:
     gpu = torch.cuda.is_available()
     if not gpu:
         torch.set_num_threads(1)  # tiny models: as fast as more threads when idle, faster when busy
-    names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
-    if not args.names and len(names) < len(BASE_MODELS):
+    if args.shipped and args.names:
+        raise PipelineError("--shipped names the bases itself: give names or --shipped")
+    if args.shipped:  # the bases whose folder is in bases/ (a fresh clone fills these by copying)
+        folders = {p.name for p in SHIPPED.iterdir()} if SHIPPED.is_dir() else set()
+        names = [n for n, c in BASE_MODELS.items() if checkpoint_path(c).name in folders]
+    else:
+        names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
+    if not args.names and not args.shipped and len(names) < len(BASE_MODELS):
         print("no GPU: skipping the GPU-trained bases "
               + ", ".join(n for n in BASE_MODELS if n not in names))
     unknown = [n for n in names if n not in BASE_MODELS]
@@ -176,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="notebooks with their paper, parameters and profiles")
     p.add_argument("--markdown", action="store_true", help="print the README's notebook map")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser("readme", help="rewrite the README's generated parts (notebook map, layout)")
+    p.add_argument("--check", action="store_true", help="only say whether they are up to date")
+    p.set_defaults(func=cmd_readme)
     p = sub.add_parser("run", help="execute notebooks with papermill into runs/")
     p.add_argument("notebook", nargs="+", help="notebook stem, unique prefix, or 'all'")
     p.add_argument("--profile", default="ci", choices=PROFILES)
@@ -220,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this profile (the committed summaries)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("cache", help="build (or check) the cached SFT base models")
-    p.add_argument("names", nargs="*", help="base model names (default: all)")
+    p.add_argument("names", nargs="*", help="base model names (default: all that this machine "
+                   "can build)")
+    p.add_argument("--shipped", action="store_true",
+                   help="the bases shipped in bases/: copied into the cache, nothing trained")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--ship", action="store_true",
                    help="also copy each checkpoint into the repository's bases/ folder, from where "
