@@ -18,7 +18,8 @@ _FILE_TIMES: dict[str, float] = defaultdict(float)
 def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true",
                      help="write each file's seconds (setup + call + teardown of its tests) into "
-                          "tests/durations.json; files that did not run keep their entries")
+                          "tests/durations.json; files that did not run keep their entries, files "
+                          "that no longer exist lose theirs")
 
 
 def pytest_configure(config):
@@ -62,6 +63,7 @@ def pytest_sessionfinish(session):
     if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
         return
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    known = {f: t for f, t in known.items() if (DURATIONS.parents[1] / f).is_file()}  # renamed
     known.update({f: round(t, 1) for f, t in _FILE_TIMES.items()})
     DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
 
