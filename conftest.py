@@ -44,8 +44,8 @@ def pytest_collection_modifyitems(config, items):
     """Files longest first (ties in collection order), each file's items kept together and in
     order (nbval runs a notebook's cells in order, in one kernel). xdist's loadfile scheduler hands
     out whole files in this order to whichever worker is nearly idle: longest-processing-time-first
-    list scheduling, whose makespan is within 4/3 of the best split, and which stays balanced as
-    files are added. Serial runs take the same order."""
+    list scheduling (Graham 1969: within 4/3 of the best split when the recorded times hold), which
+    stays balanced as files are added. Serial runs take the same order."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     first = {}
     for i, item in enumerate(items):
