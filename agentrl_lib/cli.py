@@ -150,12 +150,21 @@ def cmd_report(args) -> int:
     return 0
 
 
+def shipped_bases() -> list[str]:
+    """The names of ``sft.BASE_MODELS`` whose checkpoint folder is shipped in ``bases/`` (what
+    ``agentrl cache --shipped``, and so ``make test``, fills the cache with, without training)."""
+    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint_path
+
+    folders = {p.name for p in SHIPPED.iterdir()} if SHIPPED.is_dir() else set()
+    return [n for n, c in BASE_MODELS.items() if checkpoint_path(c).name in folders]
+
+
 def cmd_cache(args) -> int:
     import time
 
     import torch
 
-    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint, checkpoint_path
+    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint
     from agentrl_lib.models.loading import install_folder
 
     if args.quiet:
@@ -165,9 +174,8 @@ def cmd_cache(args) -> int:
         torch.set_num_threads(1)  # tiny models: as fast as more threads when idle, faster when busy
     if args.shipped and args.names:
         raise PipelineError("--shipped names the bases itself: give names or --shipped")
-    if args.shipped:  # the bases whose folder is in bases/ (a fresh clone fills these by copying)
-        folders = {p.name for p in SHIPPED.iterdir()} if SHIPPED.is_dir() else set()
-        names = [n for n, c in BASE_MODELS.items() if checkpoint_path(c).name in folders]
+    if args.shipped:
+        names = shipped_bases()
     else:
         names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
     if not args.names and not args.shipped and len(names) < len(BASE_MODELS):
