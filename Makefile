@@ -2,9 +2,12 @@
 #   make report   set up, sweep every notebook in the cpu profile (seeds 0-2, 2 at a time, resumable:
 #                 only missing runs run), build report/index.html
 #   make lab      (to learn) set up, fill the cache, open JupyterLab on notebooks/ (widgets work)
-#   make test     set up, fill the SFT base-model cache (from bases/, training only what is not shipped),
-#                 run the unit tests and execute
-#                 every notebook (ci profile) under nbval; installs chromium for the browser tests
+#   make test     set up, fill the SFT base-model cache from bases/ (no training), run the unit tests,
+#                 the doctests and every notebook (ci profile) under nbval, on JOBS pytest workers
+#                 (pytest-xdist: whole files, longest first; see conftest.py); installs chromium for
+#                 the browser tests
+#   make durations   make test, and record each file's seconds in tests/durations.json (commit it:
+#                 the longest-first order comes from there; files it lacks count as a median one)
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
 # so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
 
@@ -18,11 +21,9 @@ JOBS   ?= 2
 NOTEBOOKS ?= all
 
 LAB_ARGS ?=
-# the SFT bases shipped in bases/ (the cache is filled from there, without training)
-BASES  := arith-tiny chain-mix-tiny grid-agent-tiny grid5-agent-tiny tq-agent-tiny shop-agent-tiny calc-agent-tiny \
-          prog-tiny chain-tiny
+PYTEST_ARGS ?=
 
-.PHONY: setup browser test report lab clean-runs
+.PHONY: setup browser test durations report lab clean-runs
 
 setup: $(STAMP)
 
@@ -43,15 +44,19 @@ browser:
 	  else echo "no chromium here (not root or no apt-get): the browser tests will skip"; fi; }
 
 test: setup browser
-	$(VENV)/bin/agentrl cache $(BASES) --quiet
-	$(PY) -m pytest tests agentrl_lib notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+	$(VENV)/bin/agentrl cache --shipped --quiet
+	$(PY) -m pytest -n $(JOBS) tests agentrl_lib notebooks --nbval-lax --nbval-current-env \
+	  -p no:cacheprovider $(PYTEST_ARGS)
+
+durations:
+	$(MAKE) test PYTEST_ARGS=--store-durations
 
 report: setup
 	$(VENV)/bin/agentrl reproduce $(NOTEBOOKS) --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS); \
 	status=$$?; $(VENV)/bin/agentrl report; exit $$status
 
 lab: setup
-	$(VENV)/bin/agentrl cache $(BASES) --quiet
+	$(VENV)/bin/agentrl cache --shipped --quiet
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean-runs:

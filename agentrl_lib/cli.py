@@ -1,10 +1,11 @@
 """The ``agentrl`` command: list notebooks, run them with papermill, build the report.
 
     agentrl list [--markdown]
+    agentrl readme [--check]          rewrite the README's generated parts (pipeline/readme.py)
     agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
     agentrl reproduce NOTEBOOK --profile P --seeds 0-4 [--grid FILE] [--jobs N] [--backend local|ray]
     agentrl report [--runs runs] [--out report]
-    agentrl cache [NAME ...] [--ship] build the cached SFT base models (agentrl-sft/<name>)
+    agentrl cache [NAME ... | --shipped] [--ship]  build the cached SFT bases (agentrl-sft/<name>)
     agentrl new NN_name --module M --family F   a new paper's notebook, module, test, profiles
 
 ``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
@@ -19,17 +20,19 @@ import sys
 from pathlib import Path
 
 from agentrl_lib.pipeline.notebooks import (
-    PROFILES, PipelineError, find_notebook, load_notebook, notebook_paths, readme_map, repo_root,
+    PROFILES, PipelineError, find_notebook, load_notebook, notebook_paths, repo_root,
     resolve_params,
 )
 
 
 def cmd_list(args) -> int:
     root = repo_root()
-    infos = [load_notebook(p, root) for p in notebook_paths(root)]
     if args.markdown:
-        print(readme_map(infos))
+        from agentrl_lib.pipeline.readme import notebook_map
+
+        print(notebook_map(root), end="")
         return 0
+    infos = [load_notebook(p, root) for p in notebook_paths(root)]
     for i in infos:
         print(f"{i.name}: {i.title}")
         if i.meta.get("paper"):
@@ -41,6 +44,23 @@ def cmd_list(args) -> int:
             extra = "  [" + ", ".join(f"{k}: {v!r}" for k, v in over.items()) + "]" if over else ""
             print(f"    {p.name}: {p.type} = {p.default!r}  # {p.help}{extra}")
         print()
+    return 0
+
+
+def cmd_readme(args) -> int:
+    from agentrl_lib.pipeline.readme import fill, generated_parts
+
+    path = repo_root() / "README.md"
+    text = path.read_text()
+    new = fill(text, generated_parts(repo_root()))
+    if new == text:
+        print("README.md: the generated parts are up to date")
+        return 0
+    if args.check:
+        print("README.md: the generated parts are stale; run `agentrl readme`", file=sys.stderr)
+        return 1
+    path.write_text(new)
+    print("README.md: rewrote the notebook map and the layout")
     return 0
 
 
@@ -141,6 +161,15 @@ def cmd_new(args) -> int:
     return 0
 
 
+def shipped_bases() -> list[str]:
+    """The names of ``sft.BASE_MODELS`` whose checkpoint folder is shipped in ``bases/`` (what
+    ``agentrl cache --shipped``, and so ``make test``, fills the cache with, without training)."""
+    from agentrl_lib.algorithms.sft import BASE_MODELS, SHIPPED, checkpoint_path
+
+    folders = {p.name for p in SHIPPED.iterdir()} if SHIPPED.is_dir() else set()
+    return [n for n, c in BASE_MODELS.items() if checkpoint_path(c).name in folders]
+
+
 def cmd_cache(args) -> int:
     import time
 
@@ -154,8 +183,13 @@ def cmd_cache(args) -> int:
     gpu = torch.cuda.is_available()
     if not gpu:
         torch.set_num_threads(1)  # tiny models: as fast as more threads when idle, faster when busy
-    names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
-    if not args.names and len(names) < len(BASE_MODELS):
+    if args.shipped and args.names:
+        raise PipelineError("--shipped names the bases itself: give names or --shipped")
+    if args.shipped:
+        names = shipped_bases()
+    else:
+        names = args.names or [n for n, c in BASE_MODELS.items() if gpu or c.device == "cpu"]
+    if not args.names and not args.shipped and len(names) < len(BASE_MODELS):
         print("no GPU: skipping the GPU-trained bases "
               + ", ".join(n for n in BASE_MODELS if n not in names))
     unknown = [n for n in names if n not in BASE_MODELS]
@@ -181,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="notebooks with their paper, parameters and profiles")
     p.add_argument("--markdown", action="store_true", help="print the README's notebook map")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser("readme", help="rewrite the README's generated parts (notebook map, layout)")
+    p.add_argument("--check", action="store_true", help="only say whether they are up to date")
+    p.set_defaults(func=cmd_readme)
     p = sub.add_parser("run", help="execute notebooks with papermill into runs/")
     p.add_argument("notebook", nargs="+", help="notebook stem, unique prefix, or 'all'")
     p.add_argument("--profile", default="ci", choices=PROFILES)
@@ -232,7 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the catalog family (../shared/papers/catalog.csv), e.g. agents")
     p.set_defaults(func=cmd_new)
     p = sub.add_parser("cache", help="build (or check) the cached SFT base models")
-    p.add_argument("names", nargs="*", help="base model names (default: all)")
+    p.add_argument("names", nargs="*", help="base model names (default: all that this machine "
+                   "can build)")
+    p.add_argument("--shipped", action="store_true",
+                   help="the bases shipped in bases/: copied into the cache, nothing trained")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--ship", action="store_true",
                    help="also copy each checkpoint into the repository's bases/ folder, from where "

@@ -27,13 +27,6 @@ SYSTEM_PROMPT = GridAgentEnv.system_prompt
 LAYOUT = ["...", ".#.", "..."]
 
 
-def shipped_bases(root) -> list[str]:
-    """The base names `make test` fills the cache with: the Makefile's BASES list."""
-    text = (root / "Makefile").read_text().replace("\\\n", " ")
-    line = next(line for line in text.splitlines() if line.startswith("BASES"))
-    return line.split(":=", 1)[1].split()
-
-
 def make_env(max_turns=4):
     return lambda: GridAgentEnv(layout=LAYOUT, max_turns=max_turns)
 
@@ -325,6 +318,7 @@ def test_notebook_31_lm_start_is_a_cached_named_base():
     """Notebook 31's LM part starts from ``sft.BASE_MODELS[lm_base]`` in every profile, and
     ``make test`` builds the CPU ones before the notebooks run (else ci pays minutes to train it)."""
     from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
+    from agentrl_lib.cli import shipped_bases
     from agentrl_lib.envs.multiturn import GridAgentEnv
     from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
 
@@ -332,7 +326,7 @@ def test_notebook_31_lm_start_is_a_cached_named_base():
     info = load_notebook(root / "notebooks" / "31_gigpo.ipynb", root)
     names = {info.params["lm_base"].default} | {
         over["lm_base"] for over in info.profiles.values() if "lm_base" in over}
-    make_cache = shipped_bases(root)
+    make_cache = shipped_bases()  # `make test` runs `agentrl cache --shipped`
     for name in names:
         cfg = BASE_MODELS[name]
         assert isinstance(cfg, AgentSFTConfig) and cfg.env == "grid"

@@ -40,11 +40,18 @@ def test_notebook_is_clean_and_declared(path):
         "papermill does not parse every parameter line (an '=' in a # comment?)"
 
 
-def test_readme_map_lists_every_notebook():
+def test_readme_generated_parts_are_current():
+    """The README's notebook map and layout are what ``agentrl readme`` writes from the notebooks'
+    metadata and the modules' docstrings."""
+    from agentrl_lib.pipeline.readme import fill, generated_parts
+
     readme = (ROOT / "README.md").read_text()
-    start, end = readme.index("<!-- map:start"), readme.index("<!-- map:end -->")
-    missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.name}" not in readme[start:end]]
-    assert not missing, f"regenerate the README map with `agentrl list --markdown`: {missing}"
-    for p in NOTEBOOKS:  # the map's module column follows the notebooks' metadata
-        for m in nbs.load_notebook(p, ROOT).meta["modules"]:
-            assert f"`{m}`" in readme[start:end], f"regenerate the README map: {p.stem} uses {m}"
+    parts = generated_parts(ROOT)
+    for name, body in parts.items():
+        start = readme.index("\n", readme.index(f"<!-- {name}:start")) + 1
+        assert readme[start:readme.index(f"<!-- {name}:end -->")] == body, \
+            f"the README's {name} is stale: run `agentrl readme`"
+    assert fill(readme, parts) == readme
+    assert all(f"notebooks/{p.name}" in parts["map"] for p in NOTEBOOKS)
+    assert all(f" {p.name} " in parts["layout"] for p in (ROOT / "agentrl_lib").rglob("*.py")
+               if p.name != "__init__.py")

@@ -95,6 +95,13 @@ def test_shipped_bases_are_current_and_fill_the_cache(cache, monkeypatch):
     path = sft.checkpoint(cfg, verbose=False)
     assert path.parent == cache / "sft"
     assert (path / "model.safetensors").read_bytes() == (shipped[0] / "model.safetensors").read_bytes()
+    # `agentrl cache --shipped` (make test, make lab) fills the cache with every shipped base
+    from agentrl_lib import cli
+
+    monkeypatch.setenv("AGENTRL_QUIET", "1")  # restored afterwards (the command sets it)
+    assert cli.main(["cache", "--shipped", "--quiet"]) == 0
+    assert sorted(p.name for p in (cache / "sft").iterdir()) == [p.name for p in shipped]
+    assert cli.main(["cache", "--shipped", "arith-tiny"]) == 2
 
 
 def test_gpu_profiles_name_the_gpu_pretrained_bases():

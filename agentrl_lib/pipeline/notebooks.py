@@ -206,19 +206,6 @@ def load_notebook(path: Path, root: Path) -> NotebookInfo:
     return info
 
 
-def readme_map(infos: list[NotebookInfo]) -> str:
-    """The README's notebook map: a markdown table, notebook -> paper -> modules -> claim
-    (``agentrl list --markdown``)."""
-    rows = ["| notebook | paper | library modules | claim checked |", "|---|---|---|---|"]
-    for i in infos:
-        m = i.meta
-        paper = f"[{m.get('paper', '')}]({m['url']})" if m.get("url") else m.get("paper", "")
-        mods = ", ".join(f"`{x}`" for x in m.get("modules", []))
-        rows.append(f"| [{i.name}](notebooks/{i.path.name}): {i.title} | {paper} | {mods} | "
-                    f"{m.get('claim', '')} |")
-    return "\n".join(rows)
-
-
 def resolve_params(info: NotebookInfo, profile: str, seed: int,
                    cli: list[tuple[str, str]] | None = None, overrides: dict | None = None) -> dict:
     """ci defaults, then the profile's overrides, then a grid point's ``overrides`` (typed

@@ -14,9 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from agentrl_lib.pipeline.notebooks import (
-    PipelineError, load_notebook, notebook_paths, readme_map,
-)
+from agentrl_lib.pipeline.notebooks import PipelineError
 
 PARAMETERS = '''seed: int = 0  # random seed (python, numpy, torch)
 profile: str = "ci"  # which profile these values are; set by `agentrl run --profile`
@@ -260,12 +258,10 @@ def new_paper(root: Path, stem: str, module: str, family: str) -> list[Path]:
 
 
 def write_readme_map(root: Path) -> Path:
-    """Replace the README's map (between ``<!-- map:start`` and ``<!-- map:end -->``) with
-    ``readme_map`` of every notebook."""
+    """Regenerate the README's generated parts (the notebook map and the library layout,
+    ``pipeline/readme.py``), so the new notebook and module appear in both."""
+    from agentrl_lib.pipeline.readme import fill, generated_parts
+
     path = root / "README.md"
-    text = path.read_text()
-    start, end = text.index("<!-- map:start"), text.index("<!-- map:end -->")
-    head = text.index("\n", start) + 1
-    table = readme_map([load_notebook(p, root) for p in notebook_paths(root)])
-    path.write_text(text[:head] + table + "\n" + text[end:])
+    path.write_text(fill(path.read_text(), generated_parts(root)))
     return path
