@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.calc_tool import PRICES, CalcToolEnv
 from agentrl_lib.rewards.tool_calls import format_call
 
@@ -69,9 +70,10 @@ class CalcCruxEnv:
         return self.last
 
     def step(self, action):
-        """``action``: an index into ``ACTIONS`` or the call text itself."""
-        text = self.actions[int(action)] if not isinstance(action, str) else action
-        obs, reward, done, info = self.env.step(text)
+        """``action``: an index into ``ACTIONS`` or the call text itself (anything else goes to
+        the inner env as it is, which reads it as a malformed call)."""
+        i = None if isinstance(action, str) else protocol.menu_index(action, ACTIONS)
+        obs, reward, done, info = self.env.step(action if i is None else self.actions[i])
         if info["valid"] and info["tool"] == "lookup":
             self.last = ("lookup", obs.split(" returned ")[1].rstrip("."))
         elif info["valid"] and info["tool"] == "calc":

@@ -41,12 +41,11 @@ turns these into per-turn rewards. The stage advances when the call equals the e
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.rewards.tool_calls import canonical_args, format_call, parse_call, safe_eval
 
 PRICES = {"apple": 3, "bread": 4, "milk": 2, "cheese": 7, "eggs": 5, "rice": 6, "tea": 8, "jam": 9}
@@ -277,7 +276,7 @@ class CalcToolEnv:
         self.turn += 1
         info = {"valid": True, "error": None, "error_kind": None, "answer": self.task.answer,
                 "template": self.task.template, "tool": None, "args": None, "success": False,
-                "stage_before": self.stage}
+                "stage_before": self.stage, "truncated": False}
         try:
             name, args = parse_call(action_text)
         except ValueError as e:
@@ -356,10 +355,8 @@ class CalcToolEnv:
     # --- fixed panels -----------------------------------------------------------------------------
     def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, Task]], str]:
         """``n`` (seed, task) pairs from seeds 10**6 + i and a hash of them and the game."""
-        panel = []
-        for i in range(n):
-            self.reset(seed=10**6 + i)
-            panel.append((10**6 + i, self.task))
-        game = [self.split, self.templates, self.confirm_prob, self.max_turns, self.tools,
-                [(s, t.request, t.gold) for s, t in panel]]
-        return panel, hashlib.sha256(json.dumps(game).encode()).hexdigest()[:16]
+        def game(panel):
+            return [self.split, self.templates, self.confirm_prob, self.max_turns, self.tools,
+                    [(s, t.request, t.gold) for s, t in panel]]
+        # drawn by this env's own reset (a fresh env would leave this one's rng where it was)
+        return protocol.eval_panel(n, protocol.reset_task(self), blob=game)

@@ -59,6 +59,7 @@ import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.kg_search import RELATIONS, KGSearchEnv
 
 JUDGE_VERDICTS = ("useful", "useless")
@@ -163,7 +164,7 @@ class KGJudgeEnv(KGSearchEnv):
     def step(self, action_text: str):
         if self.task is None:
             raise RuntimeError("call reset() before step()")
-        tool, arg, error = self.parse(str(action_text))
+        tool, arg, error = self.parse(action_text)
         if not self.done and error is None and tool == "judge":
             return self._judge(arg)
         before = list(self.believed)
@@ -213,9 +214,9 @@ class KGJudgeEnv(KGSearchEnv):
             else:
                 obs = f"Noted: d{doc_id} kept."
             self.pending, self.last_kind, reward = None, None, 0.0
-        done = self.turn >= self.max_turns
+        done = self.turn >= self.max_turns  # a verdict never ends the task: only the cap
         self.done = done
-        info = self._info(error is None, error, "judge" if error is None else None, False)
+        info = self._info(error is None, error, "judge" if error is None else None, False, done)
         info.update(gold_retrieved=False, fact_true=False, advanced=False,
                     judge=verdict if error is None else None, judge_truth=truth,
                     opened_kind=None, belief=list(self.believed), rejected_doc=rejected)
@@ -245,6 +246,10 @@ class KGJudgeMenuEnv:
     def task(self):
         return self.env.task
 
+    @property
+    def max_turns(self) -> int:
+        return self.env.max_turns
+
     def reset(self, seed: int | None = None) -> str:
         return self.env.reset(seed)
 
@@ -263,9 +268,13 @@ class KGJudgeMenuEnv:
         return calls
 
     def step(self, action):
-        name = self.actions[int(action)] if isinstance(action, (int, np.integer)) else str(action)
-        if name not in self.actions:
-            raise ValueError(f"unknown menu action {name!r}; the menu is {self.actions}")
+        i = protocol.menu_index(action, self.actions)
+        if i is None:  # off the menu: the inner env gets an empty call (invalid, uses the turn)
+            _, reward, done, info = self.env.step("")
+            error = f"unknown menu action {repr(action)[:40]}; the menu is {self.actions}"
+            info.update(error=error, state_key=self.state_key(), call=None)
+            return f"Error: {error}.", reward, done, info
+        name = self.actions[i]
         call = self.menu_calls()[name]
         obs, reward, done, info = self.env.step(call)
         info.update(state_key=self.state_key(), call=call)

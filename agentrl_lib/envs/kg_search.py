@@ -41,13 +41,13 @@ misaligned corpus it knows more than the documents say).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import sqlite3
 from dataclasses import dataclass
 
 import numpy as np
+
+from agentrl_lib.envs import protocol
 
 # (relation, the words a question uses, the fact sentence, a distractor sentence)
 RELATIONS = [
@@ -275,13 +275,14 @@ class KGSearchEnv:
     def eval_panel(self, n: int = 64) -> tuple[list[int], str]:
         """Task seeds 10**6 .. 10**6 + n - 1 and their hash: numbers from two runs compare only when
         the hashes match."""
-        seeds = list(range(10**6, 10**6 + n))
-        return seeds, self.panel_hash(seeds)
+        return protocol.eval_panel(n, blob=self._panel_blob)
 
     def panel_hash(self, seeds) -> str:
+        return protocol.panel_hash(self._panel_blob(seeds))
+
+    def _panel_blob(self, seeds) -> dict:
         tasks = [(q["text"], q["answer"]) for q in map(self.question, seeds)]
-        blob = json.dumps({"config": self.config, "hops": self.hops, "tasks": tasks})
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return {"config": self.config, "hops": self.hops, "tasks": tasks}
 
     # --- the protocol -----------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> str:
@@ -296,13 +297,18 @@ class KGSearchEnv:
         gold = set(self.task["gold_docs"])
         return (self.task["seed"], tuple(sorted(gold & set(self.opened))))
 
-    def _info(self, valid: bool, error: str | None, tool: str | None, success: bool) -> dict:
+    def _info(self, valid: bool, error: str | None, tool: str | None, success: bool,
+              truncated: bool = False) -> dict:
         return {"state_key": self.state_key(), "valid": valid, "error": error, "tool": tool,
                 "success": success, "answer": self.task["answer"], "gold_docs": self.task["gold_docs"],
-                "grounded": self.task["grounded"], "hops": self.task["hops"]}
+                "grounded": self.task["grounded"], "hops": self.task["hops"],
+                "truncated": truncated}
 
     def parse(self, text: str) -> tuple[str | None, str | None, str | None]:
         """(tool, argument, error) of one action text; error is None for a well-formed call."""
+        unreadable = protocol.action_error(text)
+        if unreadable:  # a query of thousands of words costs the index seconds
+            return None, None, unreadable
         m = _CALL.match(text.strip().splitlines()[0] if text.strip() else "")
         if m is None:
             return None, None, "not a tool call: write search(words), open(doc id) or answer(name)"
@@ -319,11 +325,12 @@ class KGSearchEnv:
         if self.done:
             return "The episode is over.", 0.0, True, self._info(False, "episode over", None, False)
         self.turn += 1
-        tool, arg, error = self.parse(str(action_text))
+        tool, arg, error = self.parse(action_text)
         reward, done, success = 0.0, False, False
         if error is None and tool == "open":
             m = re.fullmatch(r"d?(\d+)", arg.lower())
-            doc = None if m is None else self.index.get(int(m.group(1)))
+            # an id past SQLite's 64-bit integers overflows it: no such document either way
+            doc = None if m is None or len(m.group(1)) > 18 else self.index.get(int(m.group(1)))
             if doc is None:
                 error = f"no document {arg!r}: open an id from the search results, e.g. open(d3)"
         if error is not None:
@@ -343,10 +350,9 @@ class KGSearchEnv:
             success = normalise_answer(arg) == normalise_answer(self.task["answer"])
             reward, done = (self.answer_reward if success else 0.0), True
             obs = "Correct." if success else "Wrong."
-        if not done and self.turn >= self.max_turns:
-            done = True
-        self.done = done
-        return obs, reward, done, self._info(error is None, error, tool, success)
+        truncated = not done and self.turn >= self.max_turns  # the cap ends a live episode
+        self.done = done = done or truncated
+        return obs, reward, done, self._info(error is None, error, tool, success, truncated)
 
     def read(self, doc_id: int) -> None:
         """The agent's belief after opening ``doc_id``: if it is the document of the entity believed
@@ -421,10 +427,13 @@ class KGMenuEnv:
         return self.env.reset(seed)
 
     def step(self, action):
-        i = self.actions.index(action) if isinstance(action, str) else int(action)
-        if not 0 <= i < len(self.actions):
-            raise ValueError(f"menu action {action!r} out of range: 0..{len(self.actions) - 1} or "
-                             f"one of {self.actions}")
+        i = protocol.menu_index(action, self.actions)
+        if i is None:  # off the menu: the inner env gets an empty call (invalid, uses the turn)
+            _, reward, done, info = self.env.step("")
+            error = (f"menu action {repr(action)[:40]} out of range: 0..{len(self.actions) - 1} "
+                     f"or one of {self.actions}")
+            return f"Error: {error}.", reward, done, {**info, "error": error,
+                                                      "state_key": self.state_key(), "call": None}
         call = self.env.menu_calls()[self.actions[i]]
         obs, reward, done, info = self.env.step(call)
         return obs, reward, done, {**info, "state_key": self.state_key(), "call": call}

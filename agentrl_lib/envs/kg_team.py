@@ -39,6 +39,7 @@ import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.kg_search import RELATIONS, KGSearchEnv
 
 ROLES = ("searcher", "answerer")
@@ -65,6 +66,7 @@ class KGTeamEnv:
         rels = self.env.graph.relations
         self.answerer_actions = tuple(f"answer_{r}" for r in rels)
         self.actions = SEARCHER_ACTIONS + self.answerer_actions
+        self.max_turns = self.search_turns + 1  # the searcher's turns, then the one answer
         self.task = None
 
     # --- menus ------------------------------------------------------------------------------------
@@ -124,10 +126,10 @@ class KGTeamEnv:
         """Gold documents the searcher opened (the inner env's state key)."""
         return len(self.env.state_key()[1])
 
-    def _info(self, role, inner_info, reward, call, valid, success=False):
-        info = dict(inner_info) if inner_info else {}
+    def _info(self, role, inner_info, reward, call, valid, success=False, error=None):
+        info = dict(inner_info) if inner_info else {"error": error}
         info.update(state_key=None if self.done else self.state_key(), role=role,
-                    agent_reward=reward, call=call, valid=valid, success=success,
+                    agent_reward=reward, call=call, valid=valid, success=success, truncated=False,
                     hops=self.task["hops"], grounded=self.task["grounded"],
                     gold_docs=self.task["gold_docs"], evidence=self.evidence_found())
         if self.done:
@@ -143,15 +145,16 @@ class KGTeamEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         if self.done:
-            return "The episode is over.", 0.0, True, self._info(None, None, 0.0, None, False)
-        name = self.actions[int(action)] if isinstance(action, (int, np.integer)) else str(action)
-        if name not in self.actions:
-            raise ValueError(f"unknown action {name!r}: use one of {self.actions}")
-        role = self.role
-        if name not in self.actions_of(role):
+            return "The episode is over.", 0.0, True, self._info(None, None, 0.0, None, False,
+                                                                 error="episode over")
+        i, role = protocol.menu_index(action, self.actions), self.role
+        if i is None or self.actions[i] not in self.actions_of(role):
             self.num_invalid += 1
-            return (f"Error: it is the {role}'s turn.", 0.0, False,
-                    self._info(role, None, 0.0, None, False))
+            error = (f"it is the {role}'s turn" if i is not None else
+                     f"unknown action {repr(action)[:40]}: use one of {self.actions}")
+            return f"Error: {error}.", 0.0, False, self._info(role, None, 0.0, None, False,
+                                                              error=error)
+        name = self.actions[i]
         if role == "answerer":
             rel = self.env.graph.relations.index(name[len("answer_"):])
             last = self.task["chain"][0] if self.hops_read() == 0 else None

@@ -38,12 +38,11 @@ comparable only when their panel hashes match.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.tabular import _MOVES, GRID_ACTIONS, TabularMDP, _finish, gridworld
 
 _WORD = re.compile(r"[a-z]+")
@@ -74,19 +73,6 @@ LAYOUTS = {
 
 _Q_STAR: dict[tuple, np.ndarray] = {}
 """Q* of each (layout, dynamics, task) of ``GridAgentEnv``, shared by every instance"""
-
-
-def _draw_panel(env, n: int) -> list[tuple[int, tuple]]:
-    """(seed, task) of the episodes seeds 10**6 .. 10**6 + n - 1 start: what ``reset`` draws."""
-    panel = []
-    for i in range(n):
-        env.reset(seed=10**6 + i)
-        panel.append((10**6 + i, env.task))
-    return panel
-
-
-def _panel_hash(game, panel) -> str:
-    return hashlib.sha256(json.dumps([game, panel], default=list).encode()).hexdigest()[:16]
 
 
 class GridAgentEnv:
@@ -180,16 +166,17 @@ class GridAgentEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
-        action = parse_action(action_text, self.actions)
+        unreadable = protocol.action_error(action_text)
+        action = None if unreadable else parse_action(action_text, self.actions)
         start, goal = self.task
         info = {"valid": action is not None, "error": None, "goal": goal, "task": self.task,
                 "action": action}
         if action is None:
             self.num_invalid += 1
-            info["error"] = (f"could not read a move in {action_text[:40]!r}; answer with one of "
-                             f"{', '.join(self.actions)}")
+            info["error"] = unreadable or (f"could not read a move in {action_text[:40]!r}; "
+                                           f"answer with one of {', '.join(self.actions)}")
             done = self.turn >= self.max_turns
-            info.update(state_key=self.state_key(), truncated=done)
+            info.update(state_key=self.state_key(), truncated=done, success=False)
             return f"Invalid action: {info['error']}.\n" + self._observe(), \
                 self.invalid_penalty, done, info
         mdp = self.tabular_form(start, goal)
@@ -234,13 +221,15 @@ class GridAgentEnv:
         ``reset(seed)`` draws from each, and a hash of the panel *and* the game (layout, tasks,
         turn cap, dynamics, rewards, memory, walls shown), so numbers are comparable only when the
         hashes match. Play it with the seeds (``grpo.evaluate_agent``)."""
-        panel = _draw_panel(GridAgentEnv(self.layout, self.tasks), n)
-        return panel, self.panel_hash(panel)
+        return protocol.eval_panel(n, protocol.reset_task(GridAgentEnv(self.layout, self.tasks)),
+                                   self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.layout, self.tasks, self.max_turns, self.kw, self.invalid_penalty,
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.layout, self.tasks, self.max_turns, self.kw, self.invalid_penalty,
                 self.memory, self.show_walls]
-        return _panel_hash(game, panel)
 
     # --- the mirror for tabular and MLP policies -----------------------------------------------
     def task_index(self) -> int:
@@ -452,11 +441,12 @@ class SubtaskGridEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
-        action = parse_action(action_text, self.actions)
+        unreadable = protocol.action_error(action_text)
+        action = None if unreadable else parse_action(action_text, self.actions)
         info = {"valid": action is not None, "error": None, "task": self.task, "action": action}
         if action is None:
             self.num_invalid += 1
-            info["error"] = f"answer with one of {', '.join(self.actions)}"
+            info["error"] = unreadable or f"answer with one of {', '.join(self.actions)}"
             done = self.turn >= self.max_turns
             info.update(state_key=self.state_key(), truncated=done, success=False)
             return f"Invalid move. {self._observe()}", self.invalid_penalty, done, info
@@ -502,13 +492,15 @@ class SubtaskGridEnv:
         """A fixed panel of ``n`` (seed, start) episodes, seeds 10**6 + i and the start that
         ``reset(seed)`` draws, and a hash of the panel and the game (layout, order, turn cap,
         dynamics, rewards)."""
-        panel = _draw_panel(SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns), n)
-        return panel, self.panel_hash(panel)
+        fresh = SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns)
+        return protocol.eval_panel(n, protocol.reset_task(fresh), self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.layout, self.order, self.max_turns, self.slip, self.step_reward,
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.layout, self.order, self.max_turns, self.slip, self.step_reward,
                 self.subtask_reward, self.goal_reward, self.invalid_penalty, self.gamma]
-        return _panel_hash(game, panel)
 
     def task_index(self) -> int:
         return self.tasks.index(self.task)

@@ -40,13 +40,13 @@ progress model that generalises across tasks).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
 import numpy as np
 import torch
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.tabular import DTYPE, TabularMDP
 
 CATEGORIES = ["shirt", "mug", "lamp", "bag", "shoe", "clock"]
@@ -139,6 +139,9 @@ class ShopEnv:
 
     def parse(self, text: str):
         """(tool, argument) of the last action in ``text``, or (None, error message)."""
+        unreadable = protocol.action_error(text)
+        if unreadable:  # the regex below is quadratic in the worst case: no long text reaches it
+            return None, unreadable
         matches = list(_ACTION.finditer(text))
         if not matches:
             unknown = [t for t in _TOOL_LIKE.findall(text) if t.lower() not in TOOLS]
@@ -336,6 +339,13 @@ class ShopEnv:
     def task_index(self) -> int:
         return self.tasks.index(self.task)
 
+    def eval_panel(self, n: int = 64, seed: int = 12345) -> tuple[list[tuple], str]:
+        """A fixed evaluation panel of ``n`` tasks (drawn with replacement, by ``seed``) and its
+        hash: numbers from different runs are comparable only when the hashes match."""
+        drawn = np.random.default_rng(seed).integers(len(self.tasks), size=n)
+        return protocol.eval_panel(n, lambda i: self.tasks[int(i)], seeds=drawn,
+                                   blob=lambda tasks: [tasks, self.catalog])
+
     def relative_key(self, state_key: tuple) -> tuple:
         """The state seen relative to its task (which of the subgoals hold, what is open):
         (page, target found, on target item, colour right/wrong/none, size right/wrong/none).
@@ -378,13 +388,11 @@ class ShopEnv:
 
 
 def eval_panel(env: ShopEnv, n: int = 64, seed: int = 12345) -> tuple[list[tuple], str]:
-    """A fixed evaluation panel of ``n`` tasks (drawn with replacement, by ``seed``) and its hash:
-    numbers from different runs are comparable only when the hashes match."""
-    rng = np.random.default_rng(seed)
-    tasks = [env.tasks[int(i)] for i in rng.integers(len(env.tasks), size=n)]
-    return tasks, panel_hash(tasks, env.catalog)
+    """``env.eval_panel(n, seed)``."""
+    return env.eval_panel(n, seed)
 
 
 def panel_hash(tasks: list[tuple], catalog: list[dict]) -> str:
-    return hashlib.sha256(json.dumps([list(map(list, tasks)), catalog]).encode()).hexdigest()[:16]
+    """The hash of a panel of tasks in a catalog (laid out [tasks, catalog])."""
+    return protocol.panel_hash([tasks, catalog])
 

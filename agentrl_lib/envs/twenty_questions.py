@@ -31,12 +31,12 @@ context, so the restated history and menu only lengthen it (the state key is the
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from functools import lru_cache
 
 import numpy as np
+
+from agentrl_lib.envs import protocol
 
 # A small hand-written world: 16 items x 8 attributes, every item with a distinct attribute row
 # (so every item can be identified by questions alone).
@@ -138,6 +138,9 @@ class TwentyQuestionsEnv:
         >>> env.parse("Is it purple?")
         (None, "unknown attribute or item 'purple'")
         """
+        unreadable = protocol.action_error(text)
+        if unreadable:
+            return None, unreadable
         s = _normalise(text)
         if not s.startswith("is it "):
             return None, "ask 'Is it <attribute>?' or guess 'Is it a <item>?'"
@@ -181,7 +184,8 @@ class TwentyQuestionsEnv:
             self.num_invalid += 1
             done = self.turn >= self.max_turns
             info.update(state_key=self.state_key(), truncated=done)
-            self.history.append((action_text.strip()[:60], "Invalid question."))
+            said = action_text if isinstance(action_text, str) else repr(action_text)
+            self.history.append((said.strip()[:60], "Invalid question."))
             obs = f"Invalid question: {err}.\n" + ("" if done else self._observe())
             return obs, self.invalid_penalty - self.step_cost, done, info
         k = self.items.index(self.item)
@@ -322,9 +326,11 @@ class TwentyQuestionsEnv:
         """A fixed panel of ``n`` (seed, item) episodes, items balanced, seeds from 10**6, and a
         hash of the panel *and* the game (items, attributes, table rows, max_turns), so numbers
         are comparable only when the hashes match."""
-        panel = [(10**6 + i, self.items[i % self.num_items]) for i in range(n)]
-        return panel, self.panel_hash(panel)
+        return protocol.eval_panel(
+            n, lambda s: (s, self.items[(s - protocol.PANEL_SEED) % self.num_items]), self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.items, self.attributes, self.has.astype(int).tolist(), self.max_turns]
-        return hashlib.sha256(json.dumps([game, panel]).encode()).hexdigest()[:16]
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.items, self.attributes, self.has.astype(int).tolist(), self.max_turns]
