@@ -57,6 +57,12 @@ def test_every_environment_passes_the_checker(name):
     assert time.perf_counter() - t0 < 5.0  # about 0.1-1 s each on one core
 
 
+@pytest.mark.parametrize("cls", ENV_CLASSES, ids=lambda c: c.__name__)
+def test_every_environment_docstring_has_the_headings(cls):
+    found = re.findall(r"^\s*## (.+?)\s*$", cls.__doc__ or "", re.M)
+    assert found == list(protocol.DOC_HEADINGS), f"{cls.__name__}: headings {found}"
+
+
 def test_the_checker_catches_what_it_names():
     class Raises(GridAgentEnv):
         def step(self, action_text):

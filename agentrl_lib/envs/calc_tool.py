@@ -25,11 +25,8 @@ held out "product" (multiply) and "stock". With ``confirm_prob > 0`` a task may 
 to confirm the result with the user before answering (the request says so; a ``confirm`` call is
 then inserted before ``answer`` in the gold sequence).
 
-**The protocol** (as ``envs.multiturn``): ``reset(seed) -> str``; ``step(text) -> (obs, reward,
-done, info)``. The reward is outcome only: ``success_reward`` when the final answer is right (and
-confirmed when required), else 0. A malformed call, an unknown tool, wrong argument names or a bad
-argument value NEVER raise: they get an ``Error: ...`` observation, use the turn and are counted
-(``env.num_invalid``, ``info["valid"] = False``, ``info["error"]``, ``info["error_kind"]``).
+**The protocol** is ``envs/protocol.py``'s; ``CalcToolEnv``'s docstring has its actions,
+rewards (outcome only), episode end and info.
 
 ``info["checks"]`` is the turn's **checklist**: binary criteria of the call against the gold call
 expected at this point (``stage``): ``valid`` (parses), ``right_tool``, ``right_arg_names``,
@@ -196,10 +193,43 @@ def _perturb(call: str, what: str) -> str:
 class CalcToolEnv:
     """Function-calling episodes with a scripted user (see the module docstring).
 
-    split: "train" (templates ``TEMPLATES["train"]``) or "heldout" (the held-out tools' templates);
-    templates: override the split's templates; confirm_prob: probability a task requires
-    confirmation; max_turns: turn cap; success_reward: the outcome reward;
-    invalid_penalty: reward of a turn whose call fails (malformed, unknown tool, bad arguments).
+    ## Description
+    The scripted user states a task (``Task``, drawn from ``templates``); the agent calls tools and
+    finally answers. With ``confirm_prob > 0`` a task may require confirming the result with the
+    user first.
+
+    ## Actions
+    One call per turn in the strict syntax of ``rewards.tool_calls.parse_call`` (keyword arguments
+    only, string or integer values, at most ``MAX_CALL_CHARS`` characters): the tools of ``tools``,
+    ``confirm(value)`` and ``answer(value)``. A malformed call, an unknown tool, wrong argument
+    names or a bad argument value is invalid (``info["error_kind"]`` says which); it uses the turn.
+    ``actions`` is the current task's relative menu (``action_menu``).
+
+    ## Observations
+    At reset the tool list (``show_tools``) and "User: <request>"; then "<tool> returned <result>.",
+    the user's reply to confirm / answer, or "Error: ...".
+
+    ## Rewards
+    Outcome only: ``success_reward`` when the final answer is right (and confirmed when required),
+    else 0; ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: an ``answer`` call, right (``success``) or wrong. Truncated: ``max_turns`` turns
+    without one. A step after the end raises RuntimeError (call reset).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (task, stage, confirmed)) and ``checks`` (the turn's
+    checklist against the expected gold call), ``error_kind``, ``answer``, ``template``, ``tool``,
+    ``args``, ``stage_before``, ``stage``.
+
+    ## Arguments
+    split: "train" or "heldout" (the held-out tools' templates); templates: override the split's;
+    confirm_prob: probability a task requires confirmation; max_turns: turn cap; success_reward: the
+    outcome reward; invalid_penalty: reward of a turn whose call fails; show_tools: list the tools
+    at reset.
+
+    ## Exact form
+    None; the state key is Markov for a tabular policy (the stage advances on the expected call).
     """
 
     system_prompt = ("Answer each turn with one tool call, name(arg=\"value\"). Finish with "

@@ -26,17 +26,8 @@ words and OR-ed, so any text is a valid query (FTS5's own syntax never reaches t
 ``reproductions/benchmarks/kg_search_index.py`` times indexing 100k documents and querying them,
 against a linear scan.
 
-**The protocol** is part 3's (``envs/multiturn.py``): ``reset(seed) -> observation``,
-``step(action_text) -> (observation, reward, done, info)``. Actions are text tool calls:
-``search(words)`` (top ``top_k`` titles with document ids), ``open(d12)`` (the document's text, cut
-at ``max_doc_chars``), ``answer(name)`` (ends the episode: ``answer_reward`` if it names e_k, case
-and spaces ignored). A malformed call (unknown tool, no parentheses, an unknown document, an empty
-argument) never raises: an error observation, the state unchanged, ``invalid_penalty``, counted in
-``num_invalid``. ``max_turns`` truncates. ``info`` carries ``state_key`` = (question seed, the gold
-documents opened so far), ``valid``, ``error``, ``success``, ``gold_docs``, ``grounded``, ``tool``.
-``expert_actions()`` is the scripted searcher the SFT traces imitate: search the next entity of the
-chain, open its document, and answer once the chain is read (it follows the graph, so on a
-misaligned corpus it knows more than the documents say).
+**The protocol** is ``envs/protocol.py``'s; ``KGSearchEnv``'s docstring has its actions (text
+tool calls ``search``, ``open``, ``answer``), rewards, episode end and info.
 """
 
 from __future__ import annotations
@@ -227,7 +218,47 @@ def normalise_answer(text: str) -> str:
 
 
 class KGSearchEnv:
-    """Multi-hop question answering by tool calls over a searchable corpus (module docstring)."""
+    """Multi-hop question answering by tool calls over a searchable corpus.
+
+    ## Description
+    Each episode asks a question of ``hops`` hops over the world of the module docstring (graph,
+    corpus, full-text index; cached per configuration): "Who is the rival of the mentor of Talomir?"
+    ``expert_actions()`` is the scripted searcher the SFT traces imitate: search the next entity of
+    the chain, open its document, and answer once the chain is read (it follows the graph, so on a
+    misaligned corpus it knows more than the documents say).
+
+    ## Actions
+    Text tool calls, one per turn: ``search(words)`` (top ``top_k`` titles with document ids),
+    ``open(d12)`` (the document's text), ``answer(name)``. A malformed call (unknown tool, no
+    parentheses, an unknown document, an empty argument) is invalid: an error observation, the state
+    unchanged, the turn used.
+
+    ## Observations
+    ``Question: ...`` at reset; then ``Results: [d3] Title | ...`` (or "Results: none."), the opened
+    document ``Title: body`` cut at ``max_doc_chars``, "Correct." / "Wrong." after an answer, or
+    ``Error: ...``.
+
+    ## Rewards
+    ``answer_reward`` for an answer naming e_k (case and spaces ignored), else 0; an invalid call
+    pays ``-invalid_penalty``.
+
+    ## Episode end
+    Terminated: an ``answer`` call, right (``success``) or wrong. Truncated: ``max_turns`` turns
+    without an answer. A step after the end returns "The episode is over." (invalid, done).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (question seed, the gold documents opened so far)) and
+    ``tool``, ``answer``, ``gold_docs``, ``grounded``, ``hops``.
+
+    ## Arguments
+    num_entities, num_relations, alignment, num_distractors, world_seed, title_weight,
+    name_syllables: the world (module docstring). hops: the hop counts questions draw from. top_k,
+    max_turns, max_doc_chars, answer_reward, invalid_penalty.
+
+    ## Exact form
+    None: the world is too large for a table. ``question(seed)`` is the exact task (chain, answer,
+    gold documents, grounded); ``KGMenuEnv`` is the finite-menu rung.
+    """
 
     tools = ("search", "open", "answer")
     system_prompt = ("Answer the question. Call one tool per turn: search(words), open(doc id) or "
@@ -396,13 +427,36 @@ class KGSearchEnv:
 class KGMenuEnv:
     """``KGSearchEnv`` played through a finite menu of calls: the tabular / MLP rung of part 5.
 
-    ``actions`` = search_next, search_other, open_top, open_second, answer; ``step(i)`` sends
-    ``menu_calls()[actions[i]]`` to the inner environment ``self.env`` (see ``KGSearchEnv.menu_calls``;
-    every reward, the turn cap and the counting of malformed calls are the inner env's). The state
-    key is (hops, hops read, the last search's first result is the believed entity's document): what
-    a menu policy needs, no question identity, so one table serves every question. ``info`` is the
-    inner env's with that key and ``call``, the text sent. On an aligned corpus the menu's expert
-    answers every question in 2 * hops + 1 turns.
+    ## Description
+    The inner environment ``self.env`` does all the work: every reward, the turn cap and the
+    counting of malformed calls are its. On an aligned corpus the menu's expert answers every
+    question in 2 * hops + 1 turns.
+
+    ## Actions
+    ``actions`` = search_next, search_other, open_top, open_second, answer, as an index or a name;
+    ``step`` sends ``menu_calls()[name]`` to the inner environment (see ``KGSearchEnv.menu_calls``).
+    Anything off the menu is invalid: the inner environment gets an empty call, so the turn is used
+    and counted.
+
+    ## Observations
+    The inner environment's.
+
+    ## Rewards
+    The inner environment's.
+
+    ## Episode end
+    The inner environment's: terminated by the answer, truncated at ``max_turns``.
+
+    ## Info
+    The inner environment's with this state key and ``call``, the text sent (None off the menu). The
+    state key is (hops, hops read, the last search's first result is the believed entity's
+    document): what a menu policy needs, no question identity, so one table serves every question.
+
+    ## Arguments
+    ``KGSearchEnv``'s, passed through.
+
+    ## Exact form
+    None (the state key aggregates questions); ``expert_actions`` is the menu's optimal move.
     """
 
     actions = ["search_next", "search_other", "open_top", "open_second", "answer"]

@@ -24,13 +24,8 @@ The two roles' rewards live on different scales on purpose (evidence counts up t
 ``evidence_reward`` against a 0/1 answer): the heterogeneity under which Dr. MAS shows that one
 global GRPO baseline misfits each agent.
 
-Protocol: ``reset(seed)``, ``step(action)`` with ``action`` a name in ``actions`` (the two menus
-concatenated) or its index; ``role`` is whose turn it is; ``state_key()`` starts with the role, so
-each agent's policy keys on its own states. ``actions_of(role)`` is that role's menu and
-``action_offset(role)`` its first index in ``actions``. A call from the wrong role's menu is
-invalid (counted, no state change, zero reward). ``info`` adds ``role`` (who acted),
-``agent_reward`` and ``call`` (the text sent to the inner env; None for a handoff). ``expert_actions()`` is the
-scripted team. Episode success = the answerer was right.
+The protocol is ``envs/protocol.py``'s; ``KGTeamEnv``'s docstring has the menus, rewards,
+episode end and info.
 """
 
 from __future__ import annotations
@@ -47,7 +42,42 @@ SEARCHER_ACTIONS = ("search_next", "search_other", "open_top", "open_second", "h
 
 
 class KGTeamEnv:
-    """A searcher agent, then an answerer agent, on one ``KGSearchEnv`` question (see module)."""
+    """A searcher agent, then an answerer agent, on one ``KGSearchEnv`` question (module docstring).
+
+    ## Description
+    Dr. MAS's two-agent pipeline: ``role`` says whose turn it is; every searcher call is a real text
+    tool call on the inner ``self.env``. ``expert_actions()`` is the scripted team.
+
+    ## Actions
+    A name in ``actions`` (the searcher's ``SEARCHER_ACTIONS``, then the answerer's
+    ``answer_<relation>``) or its index; ``actions_of(role)`` is one role's menu,
+    ``action_offset(role)`` its first index. A call from the wrong role's menu, or off both menus,
+    is invalid: counted, no state change, no turn used, zero reward.
+
+    ## Observations
+    The inner environment's for a call; "Handed over." at the handoff.
+
+    ## Rewards
+    The searcher's at the handoff: ``evidence_reward`` per gold document it opened; the answerer's:
+    ``answer_reward`` if right. The scales differ on purpose (module docstring).
+
+    ## Episode end
+    Terminated: the answerer's answer (``success``: it was right). Never truncated: the handoff is
+    forced after ``search_turns`` searcher turns, so ``max_turns`` = search_turns + 1 turns always
+    fit; invalid calls use no turn, so a caller caps those (``play_episodes``' max_turns).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key starts with the role; ("done",) at the end), the inner env's
+    keys on a call, and ``role`` (who acted), ``agent_reward``, ``call`` (None for a handoff),
+    ``hops``, ``grounded``, ``gold_docs``, ``evidence``.
+
+    ## Arguments
+    search_turns, evidence_reward, answer_reward; the rest are ``KGSearchEnv``'s (its max_turns is
+    set to search_turns + 1).
+
+    ## Exact form
+    None; the state keys are small (role, hops, hops read, listed / relation, complete).
+    """
 
     roles = ROLES
 

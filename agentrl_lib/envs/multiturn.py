@@ -1,14 +1,13 @@
 """Multi-turn text environments: one protocol from tables to language models.
 
-The protocol (duck-typed; no base class needed)::
+The protocol (``envs/protocol.py``: ``AgentEnv``, checked by ``check_env``)::
 
     observation = env.reset(seed)                        # str
     observation, reward, done, info = env.step(action_text)
 
-``info`` always carries ``state_key`` (hashable: the true state, for anchor-state grouping and exact
-oracles), ``valid`` (whether the action text parsed to a legal action), ``error`` (a message, or
-None) and the task's ground truth. A malformed action never raises: it gets an error observation,
-leaves the state unchanged, costs ``invalid_penalty`` and is counted in ``env.num_invalid``.
+with ``info["state_key"]`` (the true state, hashable: anchor-state grouping, exact oracles),
+``valid``, ``error``, ``success``, ``truncated`` and the task's ground truth; a malformed action
+never raises (an invalid turn).
 
 Optional: ``env.expert_actions()`` lists the optimal actions (texts of ``env.actions``, in that
 order; ties all listed) in the current state, from the environment's exact tabular form: the
@@ -76,14 +75,44 @@ _Q_STAR: dict[tuple, np.ndarray] = {}
 
 
 class GridAgentEnv:
-    """A text gridworld. Each episode draws a task (start cell, goal cell); the agent answers each
-    turn with a move (up, down, left, right). Reaching the goal pays ``goal_reward`` and ends the
-    episode; ``max_turns`` truncates it.
+    """A text gridworld: reach the goal cell, one move per turn.
 
-    memory=True: the goal's position is in the first observation only, so a policy that sees only
-    the current observation cannot act optimally (the state key still holds the goal).
-    layout: rows of '.' and '#', or a name of ``LAYOUTS``. show_walls=False leaves the wall list
-    out of the observations (the layout is fixed, so an agent can learn it; shorter prompts).
+    ## Description
+    Each episode draws a task (start cell, goal cell) from ``tasks``; the agent answers each turn
+    with a move. Moves into a wall or the border leave the agent in place; with probability ``slip``
+    a move goes sideways (``tabular.gridworld``). memory=True: the goal's position is in the first
+    observation only, so a policy that sees only the current observation cannot act optimally (the
+    state key still holds the goal).
+
+    ## Actions
+    Free text: the last word that is one of ``actions`` (up, down, left, right) is the move
+    (``parse_action``). A text with none is invalid (the state stays, the turn is used).
+
+    ## Observations
+    ``Turn t/T. You are at row r, column c. The goal is at row gr, column gc. Walls: (i,j) ... Move:
+    up, down, left, right?`` (the goal on the first turn only under memory=True, the walls only with
+    ``show_walls``); after an invalid turn the error first; "You reached the goal." at the end.
+
+    ## Rewards
+    ``step_reward`` every move plus ``goal_reward`` on entering the goal (``tabular.gridworld``);
+    ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: the goal is reached (``success``). Truncated: ``max_turns`` turns without it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (cell, goal)) and ``goal``, ``task``, ``action`` (the move
+    read, or None).
+
+    ## Arguments
+    layout: rows of '.' and '#', or a name of ``LAYOUTS``. tasks: (start, goal) pairs (default every
+    pair of distinct free cells). max_turns, slip, step_reward, goal_reward, invalid_penalty; gamma:
+    the tabular form's discount. memory: see above. show_walls=False leaves the wall list out of the
+    observations (the layout is fixed, so an agent can learn it; shorter prompts).
+
+    ## Exact form
+    ``tabular_form(start, goal)``: one ``TabularMDP`` per task, whose dynamics *are* the
+    environment's, so its Q* (``expert_actions``) and values are exact for the text environment.
     """
 
     actions = ["up", "down", "left", "right"]
@@ -288,18 +317,42 @@ WAYPOINT_NAMES = {"K": "key", "G": "goal"}
 
 
 class SubtaskGridEnv:
-    """A text gridworld with waypoints to visit in ``order`` (the key 'K' opens the doors 'D'). The
-    stage (waypoints done so far) is part of the state: the state key is (cell, stage), and the
-    tabular form has one state per (stage, cell), index ``stage * rows * cols + r * cols + c``.
-    Entering the next waypoint advances the stage (``subtask_reward``); the last one pays
-    ``goal_reward`` and ends the episode; ``max_turns`` truncates it. Moves into a wall, the border
-    or a closed door leave the agent in place (valid moves); unreadable answers are invalid (the
-    state stays, the turn is used, ``invalid_penalty``). With probability ``slip`` a move goes
-    sideways (as ``tabular.gridworld``). Tasks are the start cells 'S' of the layout.
+    """A text gridworld with waypoints to visit in ``order`` (the key 'K' opens the doors 'D').
 
-    variant: a name of ``SUBTASK_VARIANTS`` ("keydoor", "abc"); ``layout``, ``order`` and
-    ``max_turns`` override it. Observations are short (each character is a token of the tiny LM):
-    ``Turn 3/40. At (2,5). Next: key at (2,0).``
+    ## Description
+    The gridworld of the long-horizon and hierarchical papers (HiPER, EPO, ...). Tasks are the start
+    cells 'S' of the layout. Entering the next waypoint advances the stage (waypoints done so far).
+    Moves into a wall, the border or a closed door leave the agent in place (valid moves); with
+    probability ``slip`` a move goes sideways (as ``tabular.gridworld``).
+
+    ## Actions
+    Free text read by ``parse_action`` (up, down, left, right); unreadable answers are invalid (the
+    state stays, the turn is used).
+
+    ## Observations
+    Short (each character is a token of the tiny LM): ``Turn 3/40. At (2,5). Next: key at (2,0).``
+    ("Invalid move. " before it after an invalid turn; "Done." at the end); ``parse_observation``
+    reads one back.
+
+    ## Rewards
+    ``step_reward`` every move, ``subtask_reward`` on each waypoint but the last, ``goal_reward`` on
+    the last; ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: the last waypoint is entered (``success``). Truncated: ``max_turns`` turns without
+    it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (cell, stage)) and ``task``, ``action``.
+
+    ## Arguments
+    variant: a name of ``SUBTASK_VARIANTS`` ("keydoor", "abc", "chain1".."chain4"); ``layout``,
+    ``order`` and ``max_turns`` override it. slip, step_reward, subtask_reward, goal_reward,
+    invalid_penalty; gamma: the tabular form's discount.
+
+    ## Exact form
+    ``tabular_form(start)``: one state per (stage, cell), index ``stage * rows * cols + r * cols +
+    c``, so the state key (cell, stage) is Markov and the form's Q* (``expert_actions``) is exact.
     """
 
     actions = ["up", "down", "left", "right"]

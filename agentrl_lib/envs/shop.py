@@ -84,11 +84,44 @@ def make_catalog(num_categories: int = 3, items_per_category: int = 2, num_color
 
 
 class ShopEnv:
-    """WebShop-like multi-turn shopping. A task is (item name, colour, size); see the module doc.
+    """WebShop-like multi-turn shopping: buy the item an instruction names (module docstring).
 
-    State key: (task, page, results, item, color, size) with page in {"search", "results",
-    "item", "done"}, results a tuple of item names (None on the search page), item the open item
-    (or None), color/size the chosen options (or None). It holds the task, so it is Markov.
+    ## Description
+    A task is (item name, colour, size) from ``tasks`` (default: every offered combination of the
+    catalog); the instruction names its category, material, colour and size.
+
+    ## Actions
+    Free text; the last WebShop-style action in it is read (``parse``): search[query], click[item],
+    choose[attr=value], buy, back. Anything the parser or the page cannot execute is invalid: an
+    error observation, the state unchanged, the turn used.
+
+    ## Observations
+    ``obs_format="full"``: the instruction, the turn counter and the page (search page, results, or
+    the item page with its options and the chosen ones). ``"short"``: the target in the first one
+    only, then the page in under 40 characters. At the end: what was bought and its score.
+
+    ## Rewards
+    At ``buy`` only: the attribute-match score (the mean of four checks: category, material, colour,
+    size); ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: ``buy`` (``success`` when the score is 1). Truncated: ``max_turns`` turns without
+    it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` and ``action`` (canonical), ``target``, ``instruction``, ``progress``
+    (the true progress of the state), ``score`` (after buy). State key: (task, page, results, item,
+    color, size) with page in {"search", "results", "item", "done"}, results a tuple of item names
+    (None on the search page), item the open item (or None), color/size the chosen options (or
+    None). It holds the task, so it is Markov.
+
+    ## Arguments
+    catalog (default ``make_catalog()``), max_turns, invalid_penalty, gamma (the tabular form's),
+    tasks, obs_format.
+
+    ## Exact form
+    ``tabular_form(task)``: every state reachable from the search page under ``actions``, a
+    deterministic ``TabularMDP`` (``expert_actions`` is its Q*); ``progress`` is the true progress.
     """
 
     system_prompt = "Buy what is asked. One action."
