@@ -135,8 +135,9 @@ def test_env_menu_semantics():
     assert env.state_key()[0] == "searcher"
     _, r, done, info = env.step("open_top")  # nothing searched yet: an invalid call
     assert not info["valid"] and env.num_invalid == 1 and r == 0
-    with pytest.raises(ValueError, match="unknown action"):
-        env.step("fly")
+    _, r, done, info = env.step("fly")  # off the menus: invalid, no turn used (never raises)
+    assert not info["valid"] and "unknown action" in info["error"] and env.num_invalid == 2
+    assert env.state_key()[0] == "searcher" and r == 0 and not done
     env.step("search_next")
     _, r, done, info = env.step("open_top")  # third searcher turn: the handoff is forced
     assert info["evidence"] == 1 and r == 1.0 and env.role == "answerer"

@@ -455,7 +455,10 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
                 j = rng.randrange(cfg.group_size)
                 chosen, point = records[j], point + 1
                 actions.append(chosen.actions[0])
-                ended = not chosen.truncated or getattr(chosen, "context_full", False)
+                # a record still running after its one turn is truncated too: the env's own
+                # flag tells the turn cap (the episode ended) from that
+                ended = (not chosen.truncated or chosen.infos[0].get("truncated", False)
+                         or getattr(chosen, "context_full", False))
                 if ended:
                     success = chosen.success
                     break

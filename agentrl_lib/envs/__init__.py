@@ -1,6 +1,7 @@
 """Environments: tabular MDPs with known P and R, the token tree, text tasks, and multi-turn text
 environments (the text gridworld, twenty questions, a shop, each with an exact tabular form; the
-knowledge-graph search environment with a full-text index).
+knowledge-graph search environment with a full-text index). The agent environments follow one
+checked protocol, ``envs/protocol.py`` (``AgentEnv``, ``check_env``).
 The exact solvers that read P and R are in ``agentrl_lib.algorithms.dp``."""
 
 from agentrl_lib.envs.tabular import (  # noqa: F401

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.calc_tool import PRICES, CalcToolEnv
 from agentrl_lib.rewards.tool_calls import format_call
 
@@ -36,7 +37,38 @@ TOOL_CALLS = ("lookup", "calc")
 
 
 class CalcCruxEnv:
-    """The "order" task through ``ACTIONS`` (module docstring). max_turns: the turn cap."""
+    """The "order" task through ``ACTIONS`` (module docstring).
+
+    ## Description
+    ``CalcToolEnv``'s "order" template played through a finite menu whose crux decision (which price
+    to multiply by) follows the tool output: ARPO's tabular rung. Deterministic given (seed,
+    actions).
+
+    ## Actions
+    An index into ``ACTIONS`` (lookup, lookup_other, calc_2 .. calc_9, answer; ``actions`` holds
+    their call texts now), or a call text itself; anything else goes to the inner ``CalcToolEnv``,
+    which reads it as a malformed call (invalid, the turn used).
+
+    ## Observations
+    The inner environment's.
+
+    ## Rewards
+    The inner environment's: 1 for the right answer, else 0.
+
+    ## Episode end
+    The inner environment's: terminated by an answer, truncated at ``max_turns``.
+
+    ## Info
+    The inner environment's, with ``state_key`` (("start",), ("lookup", p) or ("calc",)) and
+    ``tool_call`` (a call that counts against the tool-call budget: lookup and calc).
+
+    ## Arguments
+    max_turns: the turn cap (>= 3: lookup, calc, answer).
+
+    ## Exact form
+    ``success_probability(probs_fn)``: the exact success probability of a policy over the state
+    keys, by recursion over (key, whether the last calc is right, turns used).
+    """
 
     tool_calls = TOOL_CALLS
 
@@ -69,9 +101,10 @@ class CalcCruxEnv:
         return self.last
 
     def step(self, action):
-        """``action``: an index into ``ACTIONS`` or the call text itself."""
-        text = self.actions[int(action)] if not isinstance(action, str) else action
-        obs, reward, done, info = self.env.step(text)
+        """``action``: an index into ``ACTIONS`` or the call text itself (anything else goes to
+        the inner env as it is, which reads it as a malformed call)."""
+        i = None if isinstance(action, str) else protocol.menu_index(action, ACTIONS)
+        obs, reward, done, info = self.env.step(action if i is None else self.actions[i])
         if info["valid"] and info["tool"] == "lookup":
             self.last = ("lookup", obs.split(" returned ")[1].rstrip("."))
         elif info["valid"] and info["tool"] == "calc":

@@ -25,11 +25,8 @@ held out "product" (multiply) and "stock". With ``confirm_prob > 0`` a task may 
 to confirm the result with the user before answering (the request says so; a ``confirm`` call is
 then inserted before ``answer`` in the gold sequence).
 
-**The protocol** (as ``envs.multiturn``): ``reset(seed) -> str``; ``step(text) -> (obs, reward,
-done, info)``. The reward is outcome only: ``success_reward`` when the final answer is right (and
-confirmed when required), else 0. A malformed call, an unknown tool, wrong argument names or a bad
-argument value NEVER raise: they get an ``Error: ...`` observation, use the turn and are counted
-(``env.num_invalid``, ``info["valid"] = False``, ``info["error"]``, ``info["error_kind"]``).
+**The protocol** is ``envs/protocol.py``'s; ``CalcToolEnv``'s docstring has its actions,
+rewards (outcome only), episode end and info.
 
 ``info["checks"]`` is the turn's **checklist**: binary criteria of the call against the gold call
 expected at this point (``stage``): ``valid`` (parses), ``right_tool``, ``right_arg_names``,
@@ -41,12 +38,11 @@ turns these into per-turn rewards. The stage advances when the call equals the e
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.rewards.tool_calls import canonical_args, format_call, parse_call, safe_eval
 
 PRICES = {"apple": 3, "bread": 4, "milk": 2, "cheese": 7, "eggs": 5, "rice": 6, "tea": 8, "jam": 9}
@@ -197,10 +193,43 @@ def _perturb(call: str, what: str) -> str:
 class CalcToolEnv:
     """Function-calling episodes with a scripted user (see the module docstring).
 
-    split: "train" (templates ``TEMPLATES["train"]``) or "heldout" (the held-out tools' templates);
-    templates: override the split's templates; confirm_prob: probability a task requires
-    confirmation; max_turns: turn cap; success_reward: the outcome reward;
-    invalid_penalty: reward of a turn whose call fails (malformed, unknown tool, bad arguments).
+    ## Description
+    The scripted user states a task (``Task``, drawn from ``templates``); the agent calls tools and
+    finally answers. With ``confirm_prob > 0`` a task may require confirming the result with the
+    user first.
+
+    ## Actions
+    One call per turn in the strict syntax of ``rewards.tool_calls.parse_call`` (keyword arguments
+    only, string or integer values, at most ``MAX_CALL_CHARS`` characters): the tools of ``tools``,
+    ``confirm(value)`` and ``answer(value)``. A malformed call, an unknown tool, wrong argument
+    names or a bad argument value is invalid (``info["error_kind"]`` says which); it uses the turn.
+    ``actions`` is the current task's relative menu (``action_menu``).
+
+    ## Observations
+    At reset the tool list (``show_tools``) and "User: <request>"; then "<tool> returned <result>.",
+    the user's reply to confirm / answer, or "Error: ...".
+
+    ## Rewards
+    Outcome only: ``success_reward`` when the final answer is right (and confirmed when required),
+    else 0; ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: an ``answer`` call, right (``success``) or wrong. Truncated: ``max_turns`` turns
+    without one. A step after the end raises RuntimeError (call reset).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (task, stage, confirmed)) and ``checks`` (the turn's
+    checklist against the expected gold call), ``error_kind``, ``answer``, ``template``, ``tool``,
+    ``args``, ``stage_before``, ``stage``.
+
+    ## Arguments
+    split: "train" or "heldout" (the held-out tools' templates); templates: override the split's;
+    confirm_prob: probability a task requires confirmation; max_turns: turn cap; success_reward: the
+    outcome reward; invalid_penalty: reward of a turn whose call fails; show_tools: list the tools
+    at reset.
+
+    ## Exact form
+    None; the state key is Markov for a tabular policy (the stage advances on the expected call).
     """
 
     system_prompt = ("Answer each turn with one tool call, name(arg=\"value\"). Finish with "
@@ -277,7 +306,7 @@ class CalcToolEnv:
         self.turn += 1
         info = {"valid": True, "error": None, "error_kind": None, "answer": self.task.answer,
                 "template": self.task.template, "tool": None, "args": None, "success": False,
-                "stage_before": self.stage}
+                "stage_before": self.stage, "truncated": False}
         try:
             name, args = parse_call(action_text)
         except ValueError as e:
@@ -356,10 +385,8 @@ class CalcToolEnv:
     # --- fixed panels -----------------------------------------------------------------------------
     def eval_panel(self, n: int = 64) -> tuple[list[tuple[int, Task]], str]:
         """``n`` (seed, task) pairs from seeds 10**6 + i and a hash of them and the game."""
-        panel = []
-        for i in range(n):
-            self.reset(seed=10**6 + i)
-            panel.append((10**6 + i, self.task))
-        game = [self.split, self.templates, self.confirm_prob, self.max_turns, self.tools,
-                [(s, t.request, t.gold) for s, t in panel]]
-        return panel, hashlib.sha256(json.dumps(game).encode()).hexdigest()[:16]
+        def game(panel):
+            return [self.split, self.templates, self.confirm_prob, self.max_turns, self.tools,
+                    [(s, t.request, t.gold) for s, t in panel]]
+        # drawn by this env's own reset (a fresh env would leave this one's rng where it was)
+        return protocol.eval_panel(n, protocol.reset_task(self), blob=game)

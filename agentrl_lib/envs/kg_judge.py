@@ -59,6 +59,7 @@ import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.kg_search import RELATIONS, KGSearchEnv
 
 JUDGE_VERDICTS = ("useful", "useless")
@@ -99,7 +100,39 @@ class _RankedIndex:
 
 
 class KGJudgeEnv(KGSearchEnv):
-    """``KGSearchEnv`` with a reader's belief, step flags and (``judge=True``) the JUDGE tool."""
+    """``KGSearchEnv`` with a reader's belief, step flags and (``judge=True``) the JUDGE tool.
+
+    ## Description
+    ReSeek's search environment (module docstring): a credulous reader's belief (``read``), the step
+    flags its process rewards use, and a hard retriever (``decoy_first``). With ``judge=False`` and
+    ``decoy_first=0`` it behaves exactly as ``KGSearchEnv`` (same observations, rewards, done).
+
+    ## Actions
+    ``KGSearchEnv``'s text tool calls, and with ``judge=True`` ``judge(useful)`` /
+    ``judge(useless)``, the verdict on the last opened document (once per opened document; judging
+    twice, or before any open, is a malformed call).
+
+    ## Observations
+    ``KGSearchEnv``'s; a verdict answers "Noted: d12 kept." or "Noted: d12 set aside."
+
+    ## Rewards
+    ``KGSearchEnv``'s; a verdict pays 0 (an invalid one ``-invalid_penalty``).
+
+    ## Episode end
+    ``KGSearchEnv``'s: terminated by an answer, truncated at ``max_turns`` (a verdict on the last
+    turn included).
+
+    ## Info
+    ``KGSearchEnv``'s and the flags ``gold_retrieved``, ``fact_true``, ``advanced``, ``judge``,
+    ``judge_truth``, ``belief``, ``opened_kind``, ``doc``, ``rejected_doc`` (module docstring).
+
+    ## Arguments
+    judge: offer the JUDGE tool. decoy_first: the hard retriever's probability. The rest are
+    ``KGSearchEnv``'s.
+
+    ## Exact form
+    None; ``expert_actions`` is the scripted searcher with JUDGE (verdicts by the ground truth).
+    """
 
     def __init__(self, judge: bool = True, decoy_first: float = 0.0, **kg_kwargs):
         if not 0.0 <= decoy_first <= 1.0:
@@ -163,7 +196,7 @@ class KGJudgeEnv(KGSearchEnv):
     def step(self, action_text: str):
         if self.task is None:
             raise RuntimeError("call reset() before step()")
-        tool, arg, error = self.parse(str(action_text))
+        tool, arg, error = self.parse(action_text)
         if not self.done and error is None and tool == "judge":
             return self._judge(arg)
         before = list(self.believed)
@@ -213,9 +246,9 @@ class KGJudgeEnv(KGSearchEnv):
             else:
                 obs = f"Noted: d{doc_id} kept."
             self.pending, self.last_kind, reward = None, None, 0.0
-        done = self.turn >= self.max_turns
+        done = self.turn >= self.max_turns  # a verdict never ends the task: only the cap
         self.done = done
-        info = self._info(error is None, error, "judge" if error is None else None, False)
+        info = self._info(error is None, error, "judge" if error is None else None, False, done)
         info.update(gold_retrieved=False, fact_true=False, advanced=False,
                     judge=verdict if error is None else None, judge_truth=truth,
                     opened_kind=None, belief=list(self.believed), rejected_doc=rejected)
@@ -230,9 +263,37 @@ class KGJudgeEnv(KGSearchEnv):
 
 
 class KGJudgeMenuEnv:
-    """``KGJudgeEnv`` through a finite menu (module docstring); ``step`` takes an index into
-    ``actions`` or a menu name and returns the inner step's result with ``state_key`` and
-    ``call`` (the text sent) in ``info``."""
+    """``KGJudgeEnv`` through a finite menu (module docstring): the tabular rung of ReSeek.
+
+    ## Description
+    Every call goes to the inner environment ``self.env``, which pays the rewards and counts the
+    turns and malformed calls.
+
+    ## Actions
+    An index into ``actions`` or a menu name: search_next, search_other, open_top, open_second,
+    answer, and with ``judge=True`` judge_useful, judge_useless (``menu_calls``). Anything off the
+    menu is invalid: the inner environment gets an empty call (the turn is used and counted).
+
+    ## Observations
+    The inner environment's.
+
+    ## Rewards
+    The inner environment's.
+
+    ## Episode end
+    The inner environment's: terminated by the answer, truncated at ``max_turns``.
+
+    ## Info
+    The inner step's, with ``state_key`` and ``call`` (the text sent; None off the menu). State key:
+    (hops, hops believed, the last search lists the believed entity's own document, the kind of the
+    last opened document while it is unjudged).
+
+    ## Arguments
+    judge, and ``KGJudgeEnv``'s keyword arguments.
+
+    ## Exact form
+    None; ``expert_actions`` is the scripted searcher's menu choice.
+    """
 
     BASE_ACTIONS = ["search_next", "search_other", "open_top", "open_second", "answer"]
 
@@ -244,6 +305,10 @@ class KGJudgeMenuEnv:
     @property
     def task(self):
         return self.env.task
+
+    @property
+    def max_turns(self) -> int:
+        return self.env.max_turns
 
     def reset(self, seed: int | None = None) -> str:
         return self.env.reset(seed)
@@ -263,9 +328,13 @@ class KGJudgeMenuEnv:
         return calls
 
     def step(self, action):
-        name = self.actions[int(action)] if isinstance(action, (int, np.integer)) else str(action)
-        if name not in self.actions:
-            raise ValueError(f"unknown menu action {name!r}; the menu is {self.actions}")
+        i = protocol.menu_index(action, self.actions)
+        if i is None:  # off the menu: the inner env gets an empty call (invalid, uses the turn)
+            _, reward, done, info = self.env.step("")
+            error = f"unknown menu action {repr(action)[:40]}; the menu is {self.actions}"
+            info.update(error=error, state_key=self.state_key(), call=None)
+            return f"Error: {error}.", reward, done, info
+        name = self.actions[i]
         call = self.menu_calls()[name]
         obs, reward, done, info = self.env.step(call)
         info.update(state_key=self.state_key(), call=call)

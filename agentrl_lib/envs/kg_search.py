@@ -26,28 +26,19 @@ words and OR-ed, so any text is a valid query (FTS5's own syntax never reaches t
 ``reproductions/benchmarks/kg_search_index.py`` times indexing 100k documents and querying them,
 against a linear scan.
 
-**The protocol** is part 3's (``envs/multiturn.py``): ``reset(seed) -> observation``,
-``step(action_text) -> (observation, reward, done, info)``. Actions are text tool calls:
-``search(words)`` (top ``top_k`` titles with document ids), ``open(d12)`` (the document's text, cut
-at ``max_doc_chars``), ``answer(name)`` (ends the episode: ``answer_reward`` if it names e_k, case
-and spaces ignored). A malformed call (unknown tool, no parentheses, an unknown document, an empty
-argument) never raises: an error observation, the state unchanged, ``invalid_penalty``, counted in
-``num_invalid``. ``max_turns`` truncates. ``info`` carries ``state_key`` = (question seed, the gold
-documents opened so far), ``valid``, ``error``, ``success``, ``gold_docs``, ``grounded``, ``tool``.
-``expert_actions()`` is the scripted searcher the SFT traces imitate: search the next entity of the
-chain, open its document, and answer once the chain is read (it follows the graph, so on a
-misaligned corpus it knows more than the documents say).
+**The protocol** is ``envs/protocol.py``'s; ``KGSearchEnv``'s docstring has its actions (text
+tool calls ``search``, ``open``, ``answer``), rewards, episode end and info.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import sqlite3
 from dataclasses import dataclass
 
 import numpy as np
+
+from agentrl_lib.envs import protocol
 
 # (relation, the words a question uses, the fact sentence, a distractor sentence)
 RELATIONS = [
@@ -227,7 +218,47 @@ def normalise_answer(text: str) -> str:
 
 
 class KGSearchEnv:
-    """Multi-hop question answering by tool calls over a searchable corpus (module docstring)."""
+    """Multi-hop question answering by tool calls over a searchable corpus.
+
+    ## Description
+    Each episode asks a question of ``hops`` hops over the world of the module docstring (graph,
+    corpus, full-text index; cached per configuration): "Who is the rival of the mentor of Talomir?"
+    ``expert_actions()`` is the scripted searcher the SFT traces imitate: search the next entity of
+    the chain, open its document, and answer once the chain is read (it follows the graph, so on a
+    misaligned corpus it knows more than the documents say).
+
+    ## Actions
+    Text tool calls, one per turn: ``search(words)`` (top ``top_k`` titles with document ids),
+    ``open(d12)`` (the document's text), ``answer(name)``. A malformed call (unknown tool, no
+    parentheses, an unknown document, an empty argument) is invalid: an error observation, the state
+    unchanged, the turn used.
+
+    ## Observations
+    ``Question: ...`` at reset; then ``Results: [d3] Title | ...`` (or "Results: none."), the opened
+    document ``Title: body`` cut at ``max_doc_chars``, "Correct." / "Wrong." after an answer, or
+    ``Error: ...``.
+
+    ## Rewards
+    ``answer_reward`` for an answer naming e_k (case and spaces ignored), else 0; an invalid call
+    pays ``-invalid_penalty``.
+
+    ## Episode end
+    Terminated: an ``answer`` call, right (``success``) or wrong. Truncated: ``max_turns`` turns
+    without an answer. A step after the end returns "The episode is over." (invalid, done).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (question seed, the gold documents opened so far)) and
+    ``tool``, ``answer``, ``gold_docs``, ``grounded``, ``hops``.
+
+    ## Arguments
+    num_entities, num_relations, alignment, num_distractors, world_seed, title_weight,
+    name_syllables: the world (module docstring). hops: the hop counts questions draw from. top_k,
+    max_turns, max_doc_chars, answer_reward, invalid_penalty.
+
+    ## Exact form
+    None: the world is too large for a table. ``question(seed)`` is the exact task (chain, answer,
+    gold documents, grounded); ``KGMenuEnv`` is the finite-menu rung.
+    """
 
     tools = ("search", "open", "answer")
     system_prompt = ("Answer the question. Call one tool per turn: search(words), open(doc id) or "
@@ -275,13 +306,14 @@ class KGSearchEnv:
     def eval_panel(self, n: int = 64) -> tuple[list[int], str]:
         """Task seeds 10**6 .. 10**6 + n - 1 and their hash: numbers from two runs compare only when
         the hashes match."""
-        seeds = list(range(10**6, 10**6 + n))
-        return seeds, self.panel_hash(seeds)
+        return protocol.eval_panel(n, blob=self._panel_blob)
 
     def panel_hash(self, seeds) -> str:
+        return protocol.panel_hash(self._panel_blob(seeds))
+
+    def _panel_blob(self, seeds) -> dict:
         tasks = [(q["text"], q["answer"]) for q in map(self.question, seeds)]
-        blob = json.dumps({"config": self.config, "hops": self.hops, "tasks": tasks})
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return {"config": self.config, "hops": self.hops, "tasks": tasks}
 
     # --- the protocol -----------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> str:
@@ -296,13 +328,18 @@ class KGSearchEnv:
         gold = set(self.task["gold_docs"])
         return (self.task["seed"], tuple(sorted(gold & set(self.opened))))
 
-    def _info(self, valid: bool, error: str | None, tool: str | None, success: bool) -> dict:
+    def _info(self, valid: bool, error: str | None, tool: str | None, success: bool,
+              truncated: bool = False) -> dict:
         return {"state_key": self.state_key(), "valid": valid, "error": error, "tool": tool,
                 "success": success, "answer": self.task["answer"], "gold_docs": self.task["gold_docs"],
-                "grounded": self.task["grounded"], "hops": self.task["hops"]}
+                "grounded": self.task["grounded"], "hops": self.task["hops"],
+                "truncated": truncated}
 
     def parse(self, text: str) -> tuple[str | None, str | None, str | None]:
         """(tool, argument, error) of one action text; error is None for a well-formed call."""
+        unreadable = protocol.action_error(text)
+        if unreadable:  # a query of thousands of words costs the index seconds
+            return None, None, unreadable
         m = _CALL.match(text.strip().splitlines()[0] if text.strip() else "")
         if m is None:
             return None, None, "not a tool call: write search(words), open(doc id) or answer(name)"
@@ -319,11 +356,12 @@ class KGSearchEnv:
         if self.done:
             return "The episode is over.", 0.0, True, self._info(False, "episode over", None, False)
         self.turn += 1
-        tool, arg, error = self.parse(str(action_text))
+        tool, arg, error = self.parse(action_text)
         reward, done, success = 0.0, False, False
         if error is None and tool == "open":
             m = re.fullmatch(r"d?(\d+)", arg.lower())
-            doc = None if m is None else self.index.get(int(m.group(1)))
+            # an id past SQLite's 64-bit integers overflows it: no such document either way
+            doc = None if m is None or len(m.group(1)) > 18 else self.index.get(int(m.group(1)))
             if doc is None:
                 error = f"no document {arg!r}: open an id from the search results, e.g. open(d3)"
         if error is not None:
@@ -343,10 +381,9 @@ class KGSearchEnv:
             success = normalise_answer(arg) == normalise_answer(self.task["answer"])
             reward, done = (self.answer_reward if success else 0.0), True
             obs = "Correct." if success else "Wrong."
-        if not done and self.turn >= self.max_turns:
-            done = True
-        self.done = done
-        return obs, reward, done, self._info(error is None, error, tool, success)
+        truncated = not done and self.turn >= self.max_turns  # the cap ends a live episode
+        self.done = done = done or truncated
+        return obs, reward, done, self._info(error is None, error, tool, success, truncated)
 
     def read(self, doc_id: int) -> None:
         """The agent's belief after opening ``doc_id``: if it is the document of the entity believed
@@ -390,13 +427,36 @@ class KGSearchEnv:
 class KGMenuEnv:
     """``KGSearchEnv`` played through a finite menu of calls: the tabular / MLP rung of part 5.
 
-    ``actions`` = search_next, search_other, open_top, open_second, answer; ``step(i)`` sends
-    ``menu_calls()[actions[i]]`` to the inner environment ``self.env`` (see ``KGSearchEnv.menu_calls``;
-    every reward, the turn cap and the counting of malformed calls are the inner env's). The state
-    key is (hops, hops read, the last search's first result is the believed entity's document): what
-    a menu policy needs, no question identity, so one table serves every question. ``info`` is the
-    inner env's with that key and ``call``, the text sent. On an aligned corpus the menu's expert
-    answers every question in 2 * hops + 1 turns.
+    ## Description
+    The inner environment ``self.env`` does all the work: every reward, the turn cap and the
+    counting of malformed calls are its. On an aligned corpus the menu's expert answers every
+    question in 2 * hops + 1 turns.
+
+    ## Actions
+    ``actions`` = search_next, search_other, open_top, open_second, answer, as an index or a name;
+    ``step`` sends ``menu_calls()[name]`` to the inner environment (see ``KGSearchEnv.menu_calls``).
+    Anything off the menu is invalid: the inner environment gets an empty call, so the turn is used
+    and counted.
+
+    ## Observations
+    The inner environment's.
+
+    ## Rewards
+    The inner environment's.
+
+    ## Episode end
+    The inner environment's: terminated by the answer, truncated at ``max_turns``.
+
+    ## Info
+    The inner environment's with this state key and ``call``, the text sent (None off the menu). The
+    state key is (hops, hops read, the last search's first result is the believed entity's
+    document): what a menu policy needs, no question identity, so one table serves every question.
+
+    ## Arguments
+    ``KGSearchEnv``'s, passed through.
+
+    ## Exact form
+    None (the state key aggregates questions); ``expert_actions`` is the menu's optimal move.
     """
 
     actions = ["search_next", "search_other", "open_top", "open_second", "answer"]
@@ -421,10 +481,13 @@ class KGMenuEnv:
         return self.env.reset(seed)
 
     def step(self, action):
-        i = self.actions.index(action) if isinstance(action, str) else int(action)
-        if not 0 <= i < len(self.actions):
-            raise ValueError(f"menu action {action!r} out of range: 0..{len(self.actions) - 1} or "
-                             f"one of {self.actions}")
+        i = protocol.menu_index(action, self.actions)
+        if i is None:  # off the menu: the inner env gets an empty call (invalid, uses the turn)
+            _, reward, done, info = self.env.step("")
+            error = (f"menu action {repr(action)[:40]} out of range: 0..{len(self.actions) - 1} "
+                     f"or one of {self.actions}")
+            return f"Error: {error}.", reward, done, {**info, "error": error,
+                                                      "state_key": self.state_key(), "call": None}
         call = self.env.menu_calls()[self.actions[i]]
         obs, reward, done, info = self.env.step(call)
         return obs, reward, done, {**info, "state_key": self.state_key(), "call": call}

@@ -24,13 +24,8 @@ The two roles' rewards live on different scales on purpose (evidence counts up t
 ``evidence_reward`` against a 0/1 answer): the heterogeneity under which Dr. MAS shows that one
 global GRPO baseline misfits each agent.
 
-Protocol: ``reset(seed)``, ``step(action)`` with ``action`` a name in ``actions`` (the two menus
-concatenated) or its index; ``role`` is whose turn it is; ``state_key()`` starts with the role, so
-each agent's policy keys on its own states. ``actions_of(role)`` is that role's menu and
-``action_offset(role)`` its first index in ``actions``. A call from the wrong role's menu is
-invalid (counted, no state change, zero reward). ``info`` adds ``role`` (who acted),
-``agent_reward`` and ``call`` (the text sent to the inner env; None for a handoff). ``expert_actions()`` is the
-scripted team. Episode success = the answerer was right.
+The protocol is ``envs/protocol.py``'s; ``KGTeamEnv``'s docstring has the menus, rewards,
+episode end and info.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.kg_search import RELATIONS, KGSearchEnv
 
 ROLES = ("searcher", "answerer")
@@ -46,7 +42,42 @@ SEARCHER_ACTIONS = ("search_next", "search_other", "open_top", "open_second", "h
 
 
 class KGTeamEnv:
-    """A searcher agent, then an answerer agent, on one ``KGSearchEnv`` question (see module)."""
+    """A searcher agent, then an answerer agent, on one ``KGSearchEnv`` question (module docstring).
+
+    ## Description
+    Dr. MAS's two-agent pipeline: ``role`` says whose turn it is; every searcher call is a real text
+    tool call on the inner ``self.env``. ``expert_actions()`` is the scripted team.
+
+    ## Actions
+    A name in ``actions`` (the searcher's ``SEARCHER_ACTIONS``, then the answerer's
+    ``answer_<relation>``) or its index; ``actions_of(role)`` is one role's menu,
+    ``action_offset(role)`` its first index. A call from the wrong role's menu, or off both menus,
+    is invalid: counted, no state change, no turn used, zero reward.
+
+    ## Observations
+    The inner environment's for a call; "Handed over." at the handoff.
+
+    ## Rewards
+    The searcher's at the handoff: ``evidence_reward`` per gold document it opened; the answerer's:
+    ``answer_reward`` if right. The scales differ on purpose (module docstring).
+
+    ## Episode end
+    Terminated: the answerer's answer (``success``: it was right). Never truncated: the handoff is
+    forced after ``search_turns`` searcher turns, so ``max_turns`` = search_turns + 1 turns always
+    fit; invalid calls use no turn, so a caller caps those (``play_episodes``' max_turns).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key starts with the role; ("done",) at the end), the inner env's
+    keys on a call, and ``role`` (who acted), ``agent_reward``, ``call`` (None for a handoff),
+    ``hops``, ``grounded``, ``gold_docs``, ``evidence``.
+
+    ## Arguments
+    search_turns, evidence_reward, answer_reward; the rest are ``KGSearchEnv``'s (its max_turns is
+    set to search_turns + 1).
+
+    ## Exact form
+    None; the state keys are small (role, hops, hops read, listed / relation, complete).
+    """
 
     roles = ROLES
 
@@ -65,6 +96,7 @@ class KGTeamEnv:
         rels = self.env.graph.relations
         self.answerer_actions = tuple(f"answer_{r}" for r in rels)
         self.actions = SEARCHER_ACTIONS + self.answerer_actions
+        self.max_turns = self.search_turns + 1  # the searcher's turns, then the one answer
         self.task = None
 
     # --- menus ------------------------------------------------------------------------------------
@@ -124,10 +156,10 @@ class KGTeamEnv:
         """Gold documents the searcher opened (the inner env's state key)."""
         return len(self.env.state_key()[1])
 
-    def _info(self, role, inner_info, reward, call, valid, success=False):
-        info = dict(inner_info) if inner_info else {}
+    def _info(self, role, inner_info, reward, call, valid, success=False, error=None):
+        info = dict(inner_info) if inner_info else {"error": error}
         info.update(state_key=None if self.done else self.state_key(), role=role,
-                    agent_reward=reward, call=call, valid=valid, success=success,
+                    agent_reward=reward, call=call, valid=valid, success=success, truncated=False,
                     hops=self.task["hops"], grounded=self.task["grounded"],
                     gold_docs=self.task["gold_docs"], evidence=self.evidence_found())
         if self.done:
@@ -143,15 +175,16 @@ class KGTeamEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         if self.done:
-            return "The episode is over.", 0.0, True, self._info(None, None, 0.0, None, False)
-        name = self.actions[int(action)] if isinstance(action, (int, np.integer)) else str(action)
-        if name not in self.actions:
-            raise ValueError(f"unknown action {name!r}: use one of {self.actions}")
-        role = self.role
-        if name not in self.actions_of(role):
+            return "The episode is over.", 0.0, True, self._info(None, None, 0.0, None, False,
+                                                                 error="episode over")
+        i, role = protocol.menu_index(action, self.actions), self.role
+        if i is None or self.actions[i] not in self.actions_of(role):
             self.num_invalid += 1
-            return (f"Error: it is the {role}'s turn.", 0.0, False,
-                    self._info(role, None, 0.0, None, False))
+            error = (f"it is the {role}'s turn" if i is not None else
+                     f"unknown action {repr(action)[:40]}: use one of {self.actions}")
+            return f"Error: {error}.", 0.0, False, self._info(role, None, 0.0, None, False,
+                                                              error=error)
+        name = self.actions[i]
         if role == "answerer":
             rel = self.env.graph.relations.index(name[len("answer_"):])
             last = self.task["chain"][0] if self.hops_read() == 0 else None

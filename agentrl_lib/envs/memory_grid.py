@@ -67,8 +67,34 @@ def context_key(state_keys, action_ids, t: int, k: int | None) -> tuple:
 
 class MemoryGridEnv(GridAgentEnv):
     """``GridAgentEnv`` with ``memory=True`` by default that records the episode's state keys and
-    action indices, so a policy conditioned on C_k reads ``env.context(k)`` while playing. An
-    action text that does not parse is recorded as -1."""
+    action indices, so a policy conditioned on C_k reads ``env.context(k)`` while playing.
+
+    ## Description
+    HGPO's stepwise agent (module docstring): the goal shows on the first turn only, and the history
+    (``history_states``, ``history_actions``) gives the k-step context C_k.
+
+    ## Actions
+    As ``GridAgentEnv``; an action text that does not parse is recorded as -1.
+
+    ## Observations
+    As ``GridAgentEnv`` with memory=True.
+
+    ## Rewards
+    As ``GridAgentEnv``.
+
+    ## Episode end
+    As ``GridAgentEnv``: terminated at the goal, truncated at ``max_turns``.
+
+    ## Info
+    As ``GridAgentEnv``.
+
+    ## Arguments
+    Those of ``GridAgentEnv``; memory defaults to True.
+
+    ## Exact form
+    ``WindowOracle``: the exact V and A^pi of a policy pi(a | C_W(h_t)) over the contexts reachable
+    from each task's start (``context_graph``).
+    """
 
     def __init__(self, *args, memory: bool = True, **kwargs):
         super().__init__(*args, memory=memory, **kwargs)

@@ -1,14 +1,13 @@
 """Multi-turn text environments: one protocol from tables to language models.
 
-The protocol (duck-typed; no base class needed)::
+The protocol (``envs/protocol.py``: ``AgentEnv``, checked by ``check_env``)::
 
     observation = env.reset(seed)                        # str
     observation, reward, done, info = env.step(action_text)
 
-``info`` always carries ``state_key`` (hashable: the true state, for anchor-state grouping and exact
-oracles), ``valid`` (whether the action text parsed to a legal action), ``error`` (a message, or
-None) and the task's ground truth. A malformed action never raises: it gets an error observation,
-leaves the state unchanged, costs ``invalid_penalty`` and is counted in ``env.num_invalid``.
+with ``info["state_key"]`` (the true state, hashable: anchor-state grouping, exact oracles),
+``valid``, ``error``, ``success``, ``truncated`` and the task's ground truth; a malformed action
+never raises (an invalid turn).
 
 Optional: ``env.expert_actions()`` lists the optimal actions (texts of ``env.actions``, in that
 order; ties all listed) in the current state, from the environment's exact tabular form: the
@@ -38,12 +37,11 @@ comparable only when their panel hashes match.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 import numpy as np
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.tabular import _MOVES, GRID_ACTIONS, TabularMDP, _finish, gridworld
 
 _WORD = re.compile(r"[a-z]+")
@@ -76,28 +74,45 @@ _Q_STAR: dict[tuple, np.ndarray] = {}
 """Q* of each (layout, dynamics, task) of ``GridAgentEnv``, shared by every instance"""
 
 
-def _draw_panel(env, n: int) -> list[tuple[int, tuple]]:
-    """(seed, task) of the episodes seeds 10**6 .. 10**6 + n - 1 start: what ``reset`` draws."""
-    panel = []
-    for i in range(n):
-        env.reset(seed=10**6 + i)
-        panel.append((10**6 + i, env.task))
-    return panel
-
-
-def _panel_hash(game, panel) -> str:
-    return hashlib.sha256(json.dumps([game, panel], default=list).encode()).hexdigest()[:16]
-
-
 class GridAgentEnv:
-    """A text gridworld. Each episode draws a task (start cell, goal cell); the agent answers each
-    turn with a move (up, down, left, right). Reaching the goal pays ``goal_reward`` and ends the
-    episode; ``max_turns`` truncates it.
+    """A text gridworld: reach the goal cell, one move per turn.
 
-    memory=True: the goal's position is in the first observation only, so a policy that sees only
-    the current observation cannot act optimally (the state key still holds the goal).
-    layout: rows of '.' and '#', or a name of ``LAYOUTS``. show_walls=False leaves the wall list
-    out of the observations (the layout is fixed, so an agent can learn it; shorter prompts).
+    ## Description
+    Each episode draws a task (start cell, goal cell) from ``tasks``; the agent answers each turn
+    with a move. Moves into a wall or the border leave the agent in place; with probability ``slip``
+    a move goes sideways (``tabular.gridworld``). memory=True: the goal's position is in the first
+    observation only, so a policy that sees only the current observation cannot act optimally (the
+    state key still holds the goal).
+
+    ## Actions
+    Free text: the last word that is one of ``actions`` (up, down, left, right) is the move
+    (``parse_action``). A text with none is invalid (the state stays, the turn is used).
+
+    ## Observations
+    ``Turn t/T. You are at row r, column c. The goal is at row gr, column gc. Walls: (i,j) ... Move:
+    up, down, left, right?`` (the goal on the first turn only under memory=True, the walls only with
+    ``show_walls``); after an invalid turn the error first; "You reached the goal." at the end.
+
+    ## Rewards
+    ``step_reward`` every move plus ``goal_reward`` on entering the goal (``tabular.gridworld``);
+    ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: the goal is reached (``success``). Truncated: ``max_turns`` turns without it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (cell, goal)) and ``goal``, ``task``, ``action`` (the move
+    read, or None).
+
+    ## Arguments
+    layout: rows of '.' and '#', or a name of ``LAYOUTS``. tasks: (start, goal) pairs (default every
+    pair of distinct free cells). max_turns, slip, step_reward, goal_reward, invalid_penalty; gamma:
+    the tabular form's discount. memory: see above. show_walls=False leaves the wall list out of the
+    observations (the layout is fixed, so an agent can learn it; shorter prompts).
+
+    ## Exact form
+    ``tabular_form(start, goal)``: one ``TabularMDP`` per task, whose dynamics *are* the
+    environment's, so its Q* (``expert_actions``) and values are exact for the text environment.
     """
 
     actions = ["up", "down", "left", "right"]
@@ -180,16 +195,17 @@ class GridAgentEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
-        action = parse_action(action_text, self.actions)
+        unreadable = protocol.action_error(action_text)
+        action = None if unreadable else parse_action(action_text, self.actions)
         start, goal = self.task
         info = {"valid": action is not None, "error": None, "goal": goal, "task": self.task,
                 "action": action}
         if action is None:
             self.num_invalid += 1
-            info["error"] = (f"could not read a move in {action_text[:40]!r}; answer with one of "
-                             f"{', '.join(self.actions)}")
+            info["error"] = unreadable or (f"could not read a move in {action_text[:40]!r}; "
+                                           f"answer with one of {', '.join(self.actions)}")
             done = self.turn >= self.max_turns
-            info.update(state_key=self.state_key(), truncated=done)
+            info.update(state_key=self.state_key(), truncated=done, success=False)
             return f"Invalid action: {info['error']}.\n" + self._observe(), \
                 self.invalid_penalty, done, info
         mdp = self.tabular_form(start, goal)
@@ -234,13 +250,15 @@ class GridAgentEnv:
         ``reset(seed)`` draws from each, and a hash of the panel *and* the game (layout, tasks,
         turn cap, dynamics, rewards, memory, walls shown), so numbers are comparable only when the
         hashes match. Play it with the seeds (``grpo.evaluate_agent``)."""
-        panel = _draw_panel(GridAgentEnv(self.layout, self.tasks), n)
-        return panel, self.panel_hash(panel)
+        return protocol.eval_panel(n, protocol.reset_task(GridAgentEnv(self.layout, self.tasks)),
+                                   self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.layout, self.tasks, self.max_turns, self.kw, self.invalid_penalty,
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.layout, self.tasks, self.max_turns, self.kw, self.invalid_penalty,
                 self.memory, self.show_walls]
-        return _panel_hash(game, panel)
 
     # --- the mirror for tabular and MLP policies -----------------------------------------------
     def task_index(self) -> int:
@@ -299,18 +317,42 @@ WAYPOINT_NAMES = {"K": "key", "G": "goal"}
 
 
 class SubtaskGridEnv:
-    """A text gridworld with waypoints to visit in ``order`` (the key 'K' opens the doors 'D'). The
-    stage (waypoints done so far) is part of the state: the state key is (cell, stage), and the
-    tabular form has one state per (stage, cell), index ``stage * rows * cols + r * cols + c``.
-    Entering the next waypoint advances the stage (``subtask_reward``); the last one pays
-    ``goal_reward`` and ends the episode; ``max_turns`` truncates it. Moves into a wall, the border
-    or a closed door leave the agent in place (valid moves); unreadable answers are invalid (the
-    state stays, the turn is used, ``invalid_penalty``). With probability ``slip`` a move goes
-    sideways (as ``tabular.gridworld``). Tasks are the start cells 'S' of the layout.
+    """A text gridworld with waypoints to visit in ``order`` (the key 'K' opens the doors 'D').
 
-    variant: a name of ``SUBTASK_VARIANTS`` ("keydoor", "abc"); ``layout``, ``order`` and
-    ``max_turns`` override it. Observations are short (each character is a token of the tiny LM):
-    ``Turn 3/40. At (2,5). Next: key at (2,0).``
+    ## Description
+    The gridworld of the long-horizon and hierarchical papers (HiPER, EPO, ...). Tasks are the start
+    cells 'S' of the layout. Entering the next waypoint advances the stage (waypoints done so far).
+    Moves into a wall, the border or a closed door leave the agent in place (valid moves); with
+    probability ``slip`` a move goes sideways (as ``tabular.gridworld``).
+
+    ## Actions
+    Free text read by ``parse_action`` (up, down, left, right); unreadable answers are invalid (the
+    state stays, the turn is used).
+
+    ## Observations
+    Short (each character is a token of the tiny LM): ``Turn 3/40. At (2,5). Next: key at (2,0).``
+    ("Invalid move. " before it after an invalid turn; "Done." at the end); ``parse_observation``
+    reads one back.
+
+    ## Rewards
+    ``step_reward`` every move, ``subtask_reward`` on each waypoint but the last, ``goal_reward`` on
+    the last; ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: the last waypoint is entered (``success``). Truncated: ``max_turns`` turns without
+    it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (cell, stage)) and ``task``, ``action``.
+
+    ## Arguments
+    variant: a name of ``SUBTASK_VARIANTS`` ("keydoor", "abc", "chain1".."chain4"); ``layout``,
+    ``order`` and ``max_turns`` override it. slip, step_reward, subtask_reward, goal_reward,
+    invalid_penalty; gamma: the tabular form's discount.
+
+    ## Exact form
+    ``tabular_form(start)``: one state per (stage, cell), index ``stage * rows * cols + r * cols +
+    c``, so the state key (cell, stage) is Markov and the form's Q* (``expert_actions``) is exact.
     """
 
     actions = ["up", "down", "left", "right"]
@@ -452,11 +494,12 @@ class SubtaskGridEnv:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
-        action = parse_action(action_text, self.actions)
+        unreadable = protocol.action_error(action_text)
+        action = None if unreadable else parse_action(action_text, self.actions)
         info = {"valid": action is not None, "error": None, "task": self.task, "action": action}
         if action is None:
             self.num_invalid += 1
-            info["error"] = f"answer with one of {', '.join(self.actions)}"
+            info["error"] = unreadable or f"answer with one of {', '.join(self.actions)}"
             done = self.turn >= self.max_turns
             info.update(state_key=self.state_key(), truncated=done, success=False)
             return f"Invalid move. {self._observe()}", self.invalid_penalty, done, info
@@ -502,13 +545,15 @@ class SubtaskGridEnv:
         """A fixed panel of ``n`` (seed, start) episodes, seeds 10**6 + i and the start that
         ``reset(seed)`` draws, and a hash of the panel and the game (layout, order, turn cap,
         dynamics, rewards)."""
-        panel = _draw_panel(SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns), n)
-        return panel, self.panel_hash(panel)
+        fresh = SubtaskGridEnv(self.variant, self.layout, self.order, self.max_turns)
+        return protocol.eval_panel(n, protocol.reset_task(fresh), self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.layout, self.order, self.max_turns, self.slip, self.step_reward,
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.layout, self.order, self.max_turns, self.slip, self.step_reward,
                 self.subtask_reward, self.goal_reward, self.invalid_penalty, self.gamma]
-        return _panel_hash(game, panel)
 
     def task_index(self) -> int:
         return self.tasks.index(self.task)

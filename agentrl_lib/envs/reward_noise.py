@@ -16,8 +16,36 @@ import numpy as np
 
 
 class RewardNoise:
-    """``env`` with N(0, ``std``^2) added to each reward. ``reset(seed)`` also reseeds the noise
-    (from ``seed`` and the wrapper's own ``noise_seed``), so a seeded episode is reproducible."""
+    """``env`` with N(0, ``std``^2) added to each reward.
+
+    ## Description
+    A wrapper: every attribute but ``reset`` and ``step`` is the wrapped environment's.
+    ``reset(seed)`` also reseeds the noise (from ``seed`` and the wrapper's own ``noise_seed``), so
+    a seeded episode is reproducible.
+
+    ## Actions
+    The wrapped environment's.
+
+    ## Observations
+    The wrapped environment's.
+
+    ## Rewards
+    The wrapped environment's plus eps ~ N(0, std^2), independent per step (zero mean: every
+    transition's expected reward is unchanged).
+
+    ## Episode end
+    The wrapped environment's.
+
+    ## Info
+    The wrapped environment's.
+
+    ## Arguments
+    env: any multi-turn environment (or a ``TabularMDP``: the reward is the second element of either
+    step tuple). std >= 0. noise_seed.
+
+    ## Exact form
+    The wrapped environment's: its tabular form, Q* and optimal policy are those of the noisy one.
+    """
 
     def __init__(self, env, std: float, noise_seed: int = 0):
         if std < 0:

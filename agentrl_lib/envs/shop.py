@@ -40,13 +40,13 @@ progress model that generalises across tasks).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
 import numpy as np
 import torch
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.envs.tabular import DTYPE, TabularMDP
 
 CATEGORIES = ["shirt", "mug", "lamp", "bag", "shoe", "clock"]
@@ -84,11 +84,44 @@ def make_catalog(num_categories: int = 3, items_per_category: int = 2, num_color
 
 
 class ShopEnv:
-    """WebShop-like multi-turn shopping. A task is (item name, colour, size); see the module doc.
+    """WebShop-like multi-turn shopping: buy the item an instruction names (module docstring).
 
-    State key: (task, page, results, item, color, size) with page in {"search", "results",
-    "item", "done"}, results a tuple of item names (None on the search page), item the open item
-    (or None), color/size the chosen options (or None). It holds the task, so it is Markov.
+    ## Description
+    A task is (item name, colour, size) from ``tasks`` (default: every offered combination of the
+    catalog); the instruction names its category, material, colour and size.
+
+    ## Actions
+    Free text; the last WebShop-style action in it is read (``parse``): search[query], click[item],
+    choose[attr=value], buy, back. Anything the parser or the page cannot execute is invalid: an
+    error observation, the state unchanged, the turn used.
+
+    ## Observations
+    ``obs_format="full"``: the instruction, the turn counter and the page (search page, results, or
+    the item page with its options and the chosen ones). ``"short"``: the target in the first one
+    only, then the page in under 40 characters. At the end: what was bought and its score.
+
+    ## Rewards
+    At ``buy`` only: the attribute-match score (the mean of four checks: category, material, colour,
+    size); ``invalid_penalty`` for an invalid turn.
+
+    ## Episode end
+    Terminated: ``buy`` (``success`` when the score is 1). Truncated: ``max_turns`` turns without
+    it.
+
+    ## Info
+    ``protocol.INFO_KEYS`` and ``action`` (canonical), ``target``, ``instruction``, ``progress``
+    (the true progress of the state), ``score`` (after buy). State key: (task, page, results, item,
+    color, size) with page in {"search", "results", "item", "done"}, results a tuple of item names
+    (None on the search page), item the open item (or None), color/size the chosen options (or
+    None). It holds the task, so it is Markov.
+
+    ## Arguments
+    catalog (default ``make_catalog()``), max_turns, invalid_penalty, gamma (the tabular form's),
+    tasks, obs_format.
+
+    ## Exact form
+    ``tabular_form(task)``: every state reachable from the search page under ``actions``, a
+    deterministic ``TabularMDP`` (``expert_actions`` is its Q*); ``progress`` is the true progress.
     """
 
     system_prompt = "Buy what is asked. One action."
@@ -139,6 +172,9 @@ class ShopEnv:
 
     def parse(self, text: str):
         """(tool, argument) of the last action in ``text``, or (None, error message)."""
+        unreadable = protocol.action_error(text)
+        if unreadable:  # the regex below is quadratic in the worst case: no long text reaches it
+            return None, unreadable
         matches = list(_ACTION.finditer(text))
         if not matches:
             unknown = [t for t in _TOOL_LIKE.findall(text) if t.lower() not in TOOLS]
@@ -336,6 +372,13 @@ class ShopEnv:
     def task_index(self) -> int:
         return self.tasks.index(self.task)
 
+    def eval_panel(self, n: int = 64, seed: int = 12345) -> tuple[list[tuple], str]:
+        """A fixed evaluation panel of ``n`` tasks (drawn with replacement, by ``seed``) and its
+        hash: numbers from different runs are comparable only when the hashes match."""
+        drawn = np.random.default_rng(seed).integers(len(self.tasks), size=n)
+        return protocol.eval_panel(n, lambda i: self.tasks[int(i)], seeds=drawn,
+                                   blob=lambda tasks: [tasks, self.catalog])
+
     def relative_key(self, state_key: tuple) -> tuple:
         """The state seen relative to its task (which of the subgoals hold, what is open):
         (page, target found, on target item, colour right/wrong/none, size right/wrong/none).
@@ -378,13 +421,11 @@ class ShopEnv:
 
 
 def eval_panel(env: ShopEnv, n: int = 64, seed: int = 12345) -> tuple[list[tuple], str]:
-    """A fixed evaluation panel of ``n`` tasks (drawn with replacement, by ``seed``) and its hash:
-    numbers from different runs are comparable only when the hashes match."""
-    rng = np.random.default_rng(seed)
-    tasks = [env.tasks[int(i)] for i in rng.integers(len(env.tasks), size=n)]
-    return tasks, panel_hash(tasks, env.catalog)
+    """``env.eval_panel(n, seed)``."""
+    return env.eval_panel(n, seed)
 
 
 def panel_hash(tasks: list[tuple], catalog: list[dict]) -> str:
-    return hashlib.sha256(json.dumps([list(map(list, tasks)), catalog]).encode()).hexdigest()[:16]
+    """The hash of a panel of tasks in a catalog (laid out [tasks, catalog])."""
+    return protocol.panel_hash([tasks, catalog])
 

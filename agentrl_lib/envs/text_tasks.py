@@ -17,10 +17,10 @@ so numbers from different runs are comparable only when the hashes match.
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import random
 
+from agentrl_lib.envs import protocol
 from agentrl_lib.rewards.verifiable import eval_expression
 
 HELD_OUT_FRACTION = 0.2
@@ -105,14 +105,17 @@ def make_problems(task: str, n: int, difficulty: int = 1, split: str = "train",
 
 
 def panel_hash(problems: list[dict]) -> str:
-    return hashlib.sha256(json.dumps([(p["prompt"], p["answer"]) for p in problems]).encode()
-                          ).hexdigest()[:16]
+    return protocol.panel_hash(_prompts_and_answers(problems))
+
+
+def _prompts_and_answers(problems: list[dict]) -> list[tuple]:
+    return [(p["prompt"], p["answer"]) for p in problems]
 
 
 def eval_panel(task: str, n: int = 200, difficulty: int = 1) -> tuple[list[dict], str]:
     """The fixed held-out evaluation panel (seed 12345 of the test split) and its hash."""
     probs = make_problems(task, n, difficulty, split="test", seed=12345)
-    return probs, panel_hash(probs)
+    return protocol.eval_panel(n, seeds=probs, blob=_prompts_and_answers)
 
 
 def chain_solution(problem: dict) -> str:

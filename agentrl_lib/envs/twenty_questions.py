@@ -8,10 +8,8 @@ the game; a wrong guess is answered "No." and the game goes on. Every turn costs
 The turn cap ends the game (a loss: ``info["truncated"]`` is True, but the turn is part of the
 state key, so the capped state is terminal in the tabular form).
 
-It follows the multi-turn protocol of ``agentrl_lib.envs.multiturn``: ``reset(seed) -> str``,
-``step(text) -> (obs, reward, done, info)`` with ``info["state_key"]``, ``valid``, ``error`` and the
-ground truth ``item``. Malformed or unknown questions never raise: they get an error observation,
-use up the turn, cost ``invalid_penalty`` and are counted in ``env.num_invalid``.
+It follows the protocol of ``envs/protocol.py``; ``TwentyQuestionsEnv``'s docstring has its
+actions, observations, rewards, episode end and info.
 
 **The tabular form.** Under the uniform prior over items, the belief after any history is uniform
 over the *consistent* items (those agreeing with every answer so far), so the pair
@@ -31,12 +29,12 @@ context, so the restated history and menu only lengthen it (the state key is the
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from functools import lru_cache
 
 import numpy as np
+
+from agentrl_lib.envs import protocol
 
 # A small hand-written world: 16 items x 8 attributes, every item with a distinct attribute row
 # (so every item can be identified by questions alone).
@@ -72,11 +70,45 @@ def _normalise(text: str) -> str:
 
 
 class TwentyQuestionsEnv:
-    """Twenty questions over ``items`` (names from ``CATALOG`` or with ``table`` given).
+    """Twenty questions over ``items``: find the hidden item by yes/no questions.
 
-    items: the K candidate items; attributes: the questions that may be asked.
-    table: optional {item: attribute tuple} replacing ``CATALOG`` (e.g. a random world).
-    brief: observations after the first are only the answer and "Turn t/T." (for LM agents).
+    ## Description
+    The hidden item is drawn uniformly from ``items`` (names from ``CATALOG`` or with ``table``
+    given); a scripted, always truthful answerer replies (module docstring).
+
+    ## Actions
+    Free text, case and punctuation free (``parse``): ``"Is it <attribute>?"`` (answered "Yes." or
+    "No.") or a guess ``"Is it a <item>?"``; ``actions`` lists every question, then every guess.
+    Malformed or unknown questions are invalid: they use up the turn.
+
+    ## Observations
+    The turn counter, the items, the questions asked so far with their answers and the menu of
+    attributes; with ``brief``, after the first only the answer and "Turn t/T." (an LM agent keeps
+    the conversation in its context). A right guess: "Yes! You found it."; at the cap "Game over: it
+    was a <item>."
+
+    ## Rewards
+    ``correct_reward`` for the right guess; every turn costs ``step_cost``; an invalid turn pays
+    ``invalid_penalty`` (minus ``step_cost``). A wrong guess is answered "No." and the game goes on.
+
+    ## Episode end
+    Terminated: the right guess (``success``). Truncated: the turn cap (a loss; the turn is part of
+    the state key, so the capped state is terminal in the tabular form).
+
+    ## Info
+    ``protocol.INFO_KEYS`` (state_key: (consistent item indices, turns used)) and the ground truth
+    ``item`` (= ``task``), ``action`` (the index read, or None).
+
+    ## Arguments
+    items: the K candidate items; attributes: the questions that may be asked. table: optional
+    {item: attribute tuple} replacing ``CATALOG`` (e.g. a random world), its columns
+    ``table_attributes``. max_turns, correct_reward, step_cost, invalid_penalty, gamma. brief: see
+    Observations.
+
+    ## Exact form
+    The belief state (consistent items, turns used) is Markov under the uniform prior:
+    ``optimal_values`` (V*, Q*), ``policy_values`` (V^pi, Q^pi) and ``success_probability`` are
+    exact recursions over it (``transitions``); ``expert_actions`` lists the Q* ties.
     """
 
     system_prompt = "Find the hidden item. Ask one yes/no question or guess."
@@ -138,6 +170,9 @@ class TwentyQuestionsEnv:
         >>> env.parse("Is it purple?")
         (None, "unknown attribute or item 'purple'")
         """
+        unreadable = protocol.action_error(text)
+        if unreadable:
+            return None, unreadable
         s = _normalise(text)
         if not s.startswith("is it "):
             return None, "ask 'Is it <attribute>?' or guess 'Is it a <item>?'"
@@ -181,7 +216,8 @@ class TwentyQuestionsEnv:
             self.num_invalid += 1
             done = self.turn >= self.max_turns
             info.update(state_key=self.state_key(), truncated=done)
-            self.history.append((action_text.strip()[:60], "Invalid question."))
+            said = action_text if isinstance(action_text, str) else repr(action_text)
+            self.history.append((said.strip()[:60], "Invalid question."))
             obs = f"Invalid question: {err}.\n" + ("" if done else self._observe())
             return obs, self.invalid_penalty - self.step_cost, done, info
         k = self.items.index(self.item)
@@ -322,9 +358,11 @@ class TwentyQuestionsEnv:
         """A fixed panel of ``n`` (seed, item) episodes, items balanced, seeds from 10**6, and a
         hash of the panel *and* the game (items, attributes, table rows, max_turns), so numbers
         are comparable only when the hashes match."""
-        panel = [(10**6 + i, self.items[i % self.num_items]) for i in range(n)]
-        return panel, self.panel_hash(panel)
+        return protocol.eval_panel(
+            n, lambda s: (s, self.items[(s - protocol.PANEL_SEED) % self.num_items]), self._game())
 
     def panel_hash(self, panel) -> str:
-        game = [self.items, self.attributes, self.has.astype(int).tolist(), self.max_turns]
-        return hashlib.sha256(json.dumps([game, panel]).encode()).hexdigest()[:16]
+        return protocol.panel_hash([self._game(), panel])
+
+    def _game(self) -> list:
+        return [self.items, self.attributes, self.has.astype(int).tolist(), self.max_turns]
