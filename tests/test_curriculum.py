@@ -107,7 +107,7 @@ def test_lm_sampler_plays_the_scheduled_seeds():
     sample = curriculum.lm_episode_sampler(
         tok, lambda: KGSearchEnv(num_entities=10, hops=(1, 2), max_turns=1), seed_fn, cfg)
     for it in range(2):
-        batch = sample(model)
+        batch = sample(model, it)
         played = sorted({ep.task["seed"] for ep in batch.episodes})
         assert played == plan[it] and len(batch.episodes) == 4
         assert np.isfinite(batch.metrics["rollout/hops"])

@@ -456,7 +456,7 @@ def lm_turn_entropies(model, episodes, k: int = 4) -> list[np.ndarray]:
 
 def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig, k: int = 4,
                     system_prompt: str | None = None):
-    """``sample(model) -> grpo.Batch`` with ARPO's tree rollouts for the LM loop (``grpo.train``).
+    """``sample(model, it=0) -> grpo.Batch``: ARPO's tree rollouts for the LM loop (``grpo.train``).
 
     Per task seed: ``tree_cfg.num_global`` (N) episodes by ``lm_rollout``; each post-tool turn's
     first-k-token entropy H_t (``lm_turn_entropies``) against the mean first-turn entropy H_init of
@@ -485,7 +485,7 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
     if not 1 <= N <= M:
         raise ValueError(f"num_global must be in 1..group_size, got {N}")
 
-    def sample(model) -> Batch:
+    def sample(model, it: int = 0) -> Batch:  # it: updates done (loop.run); unused
         t0 = time.perf_counter()
         if not made:
             made.append(token_generator(model, cfg.seed))

@@ -130,13 +130,11 @@ def lm_episode_sampler(tokenizer, make_env, seed_fn, cfg, system_prompt: str | N
     rng = np.random.default_rng([int(cfg.seed), 7])
     pool = [int(s) for s in seed_fn(0, rng, cfg.num_prompts)]
     inner = grpo.episode_sampler(tokenizer, make_env, pool, cfg, system_prompt)
-    rounds = [0]
 
-    def sample(model):
-        if rounds[0] > 0:  # round 0's seeds were drawn above
-            pool[:] = [int(s) for s in seed_fn(rounds[0], rng, cfg.num_prompts)]
-        rounds[0] += 1
-        batch = inner(model)
+    def sample(model, it: int = 0):  # it: updates done (loop.run)
+        if it > 0:  # round 0's seeds were drawn above
+            pool[:] = [int(s) for s in seed_fn(it, rng, cfg.num_prompts)]
+        batch = inner(model, it)
         batch.metrics["rollout/hops"] = float(np.mean([ep.infos[-1].get("hops", np.nan)
                                                        for ep in batch.episodes if ep.infos]))
         return batch

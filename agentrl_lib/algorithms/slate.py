@@ -390,7 +390,7 @@ def train(make_env, policy, cfg, train_seeds, judge: NoisyJudge, quality_fn=menu
 # --- the LM rung: truncated sampling through the LM ----------------------------------------------
 def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudge,
                          quality_fn=kg_step_quality, system_prompt: str | None = None):
-    """``sample(model) -> grpo.Batch`` for ``grpo.train``: SLATE's sampler with the LM as the
+    """``sample(model, it=0) -> grpo.Batch`` for ``grpo.train``: SLATE's sampler with the LM as the
     policy. Per question (``cfg.num_prompts`` seeds drawn as ``grpo.episode_sampler`` draws them,
     so every arm sees the same questions): at each decision point ``cfg.group_size`` siblings, each
     an environment restored at the prefix (``restore``) and a record holding the prefix's tokens
@@ -413,7 +413,7 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
                          "training task seeds")
     rng, judge_rng, made = random.Random(cfg.seed), np.random.default_rng([cfg.seed, 7]), []
 
-    def sample(model) -> Batch:
+    def sample(model, it: int = 0) -> Batch:  # it: updates done (loop.run); unused
         if not made:
             made.append(token_generator(model, cfg.seed))
         model.eval()
