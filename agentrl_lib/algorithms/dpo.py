@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import fit_pairs
 
 Tensor = torch.Tensor
 
@@ -170,38 +170,22 @@ def train(parameters, pair_logps, num_pairs: int, cfg: DPOConfig, ref_chosen_log
     are indexed with the batch. Returns one record per optimizer step: ``step``, ``epoch``,
     ``losses/dpo``, the ``rewards/*`` metrics and, at epoch ends, ``eval/*``.
     """
-    params = list(parameters)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
-    history, step = [], 0
-    if evaluate is not None:
-        history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
-    for epoch in progress(range(cfg.num_epochs), desc="dpo epochs"):
-        order = torch.randperm(num_pairs, generator=gen, device="cpu") if cfg.shuffle else \
-            torch.arange(num_pairs, device="cpu")  # host-side batch indices
-        for start in range(0, num_pairs, cfg.batch_size):
-            idx = order[start:start + cfg.batch_size]  # (b,)
-            chosen, rejected = pair_logps(idx)  # (b,) each
-            kw = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in variant_kwargs.items()}
-            losses, metrics = dpo_loss(chosen, rejected, ref_chosen_logps[idx],
-                                       ref_rejected_logps[idx], cfg.beta, cfg.loss_type,
-                                       cfg.label_smoothing, **kw)
-            loss = losses.mean()
-            rec = {"losses/dpo": loss.item()}
-            if extra_loss is not None:
-                extra = extra_loss(idx)
-                rec["losses/extra"] = extra.item()
-                loss = loss + extra
-            opt.zero_grad()
-            loss.backward()
-            if cfg.max_grad_norm and cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            step += 1
-            history.append({"step": step, "epoch": epoch + 1, **rec, **metrics})
-        if evaluate is not None:
-            history[-1].update({f"eval/{k}": v for k, v in evaluate().items()})
-    return history
+    def pair_loss(idx: Tensor):
+        chosen, rejected = pair_logps(idx)  # (b,) each
+        kw = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in variant_kwargs.items()}
+        losses, metrics = dpo_loss(chosen, rejected, ref_chosen_logps[idx],
+                                   ref_rejected_logps[idx], cfg.beta, cfg.loss_type,
+                                   cfg.label_smoothing, **kw)
+        loss = losses.mean()
+        rec = {"losses/dpo": loss.item()}
+        if extra_loss is not None:
+            extra = extra_loss(idx)
+            rec["losses/extra"] = extra.item()
+            loss = loss + extra
+        return loss, {**rec, **metrics}
+    return fit_pairs(parameters, pair_loss, num_pairs, cfg.lr, cfg.num_epochs, cfg.batch_size,
+                     cfg.seed, cfg.weight_decay, cfg.max_grad_norm, cfg.shuffle, evaluate,
+                     desc="dpo epochs")
 
 
 # --- pair log-probs of two kinds of policy ---------------------------------------------------------
