@@ -348,6 +348,18 @@ def logps_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> 
     return logps, ents
 
 
+def example_logps(model, examples: list[tuple[list[int], list[int]]],
+                  pad_id: int) -> tuple[Tensor, Tensor]:
+    """Teacher-forced log pi(x_t | x_<t) of (ids, loss mask) examples (``chat_example``) right-padded
+    together (``pad_examples``), with gradients, in one forward pass. Returns (logps, mask), each
+    (B, L-1): position t scores token t + 1, and mask is that token's loss mask (the sequence
+    log-prob of the masked tokens is ``(logps * mask).sum(-1)``)."""
+    ids, attn, mask = pad_examples(examples, pad_id, model_device(model))  # (B, L)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
+    logps = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return logps, mask[:, 1:]  # (B, L-1) each
+
+
 def join_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                    completion_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Prompt + completion as one sequence: (ids, attention mask, positions), each (B, P+T);

@@ -205,13 +205,11 @@ def tabular_pair_logps(logits: Tensor, chosen: Tensor, rejected: Tensor):
 def lm_sequence_logps(model, tokenizer, prompts: list[str], completions: list[str]) -> Tensor:
     """Sum of log pi(completion tokens + end-of-turn | chat(prompt)) per pair, (B,), with
     gradients: the sequence log-prob DPO uses (TRL sums over the completion tokens too)."""
-    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+    from agentrl_lib.rollout import chat_example, example_logps
 
     ex = [chat_example(tokenizer, p, c) for p, c in zip(prompts, completions)]
-    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return (logp * mask[:, 1:]).sum(-1)  # (B,)
+    logp, mask = example_logps(model, ex, tokenizer.pad_token_id)  # (B, L-1) each
+    return (logp * mask).sum(-1)  # (B,)
 
 
 def lm_pair_logps(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str]):
@@ -288,14 +286,12 @@ def lm_rationale_nll(model, tokenizer, prompts: list[str], chosen: list[str], re
     if not (len(prompts) == len(chosen) == len(rejected) == len(rationales)):
         raise ValueError(f"prompts, chosen, rejected and rationales must have one entry per pair, "
                          f"got lengths {len(prompts)}, {len(chosen)}, {len(rejected)}, {len(rationales)}")
-    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+    from agentrl_lib.rollout import chat_example, example_logps
 
     ex = [chat_example(tokenizer, rationale_context(p, c, r), z)
           for p, c, r, z in zip(prompts, chosen, rejected, rationales)]
-    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    nll = -(logp * mask[:, 1:]).sum(-1)  # (B,)
+    logp, mask = example_logps(model, ex, tokenizer.pad_token_id)  # (B, L-1) each
+    nll = -(logp * mask).sum(-1)  # (B,)
     with torch.no_grad():
-        per_token = (nll.sum() / mask[:, 1:].sum()).item()
+        per_token = (nll.sum() / mask.sum()).item()
     return gamma * nll, {"rationale/nll_per_token": per_token}
