@@ -42,7 +42,7 @@ right-pads them for teacher forcing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -348,6 +348,18 @@ def logps_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> 
     return logps, ents
 
 
+def example_logps(model, examples: list[tuple[list[int], list[int]]],
+                  pad_id: int) -> tuple[Tensor, Tensor]:
+    """Teacher-forced log pi(x_t | x_<t) of (ids, loss mask) examples (``chat_example``) right-padded
+    together (``pad_examples``), with gradients, in one forward pass. Returns (logps, mask), each
+    (B, L-1): position t scores token t + 1, and mask is that token's loss mask (the sequence
+    log-prob of the masked tokens is ``(logps * mask).sum(-1)``)."""
+    ids, attn, mask = pad_examples(examples, pad_id, model_device(model))  # (B, L)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
+    logps = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return logps, mask[:, 1:]  # (B, L-1) each
+
+
 def join_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                    completion_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Prompt + completion as one sequence: (ids, attention mask, positions), each (B, P+T);
@@ -468,7 +480,7 @@ def record_step(ep: Episode, env, a) -> bool:
 
 
 def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
-                  max_turns: int | None = None) -> list[Episode]:
+                  max_turns: int | None = None, prefixes: list | None = None) -> list[Episode]:
     """Play ``len(seeds) * group_size`` episodes with a non-LM policy, all environments stepped
     together. Group i is ``group_size`` episodes reset with ``seeds[i]`` (same task, same start);
     they differ through ``policy`` and, where the environment has ``seed_dynamics``, through
@@ -477,6 +489,10 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
     make_env: () -> env following the multi-turn protocol (``reset(seed)``, ``step(text)``).
     policy: (envs, observations) -> list of actions for the still-running envs, each either an
         index into ``env.actions`` or free text.
+    max_turns: cap on each episode's turns, its replayed prefix included (None: the env's own).
+    prefixes: one list of actions per episode (group by group), replayed and recorded after the
+        reset before the policy acts (a tree's shared prefix, as TreePS-RAG grows it); an empty
+        list starts from the reset. The environment must be deterministic given (seed, actions).
     """
     envs, episodes = [], []
     for gid, seed in enumerate(seeds):
@@ -488,20 +504,49 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
             envs.append(env)
             episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
                                     task=getattr(env, "task", None), action_ids=[]))
-    running = list(range(len(envs)))
-    turn = 0
-    while running and (max_turns is None or turn < max_turns):
+    for ep, env, prefix in zip(episodes, envs, prefixes or []):
+        for a in prefix:
+            if not record_step(ep, env, a):
+                raise RuntimeError("a replayed prefix ended before its last action: the "
+                                   "environment is not deterministic given (seed, actions)")
+    capped = lambda i: max_turns is not None and len(episodes[i]) >= max_turns  # noqa: E731
+    running = [i for i in range(len(envs)) if not capped(i)]
+    while running:
         acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
-        still = []
-        for i, a in zip(running, acts):
-            if record_step(episodes[i], envs[i], a):
-                still.append(i)
-        running, turn = still, turn + 1
-    for i in running:  # stopped by max_turns here, not by the environment
-        ep = episodes[i]
+        running = [i for i, a in zip(running, acts)
+                   if record_step(episodes[i], envs[i], a) and not capped(i)]
+    # stopped by max_turns here, not by the environment
+    return [truncate(ep, len(ep)) if capped(i) and len(ep.observations) > len(ep) else ep
+            for i, ep in enumerate(episodes)]
+
+
+def truncate(episode: Episode, t: int) -> Episode:
+    """A copy of ``episode`` cut after its first t turns. Cut before its end, or still running
+    (an observation the agent never answered), it ends ``truncated`` at the state and observation
+    after turn t (``final_observation``, ``next_state_key``); cut at its end, it is a copy with its
+    own flags. The token fields, where there are any, keep the conversation through turn t's
+    action tokens (the observation after it is dropped, as ``lm_rollout`` drops it at its cap).
+
+    >>> ep = Episode.of(["s0", "s1", "s2"], [0.0, 0.0, 1.0])
+    >>> cut = truncate(ep, 1); (cut.actions, cut.rewards, cut.next_state_key, cut.truncated)
+    (['a'], [0.0], 's1', True)
+    """
+    if not 0 <= t <= len(episode):
+        raise ValueError(f"cut after {t} turns outside 0..{len(episode)}")
+    ep = replace(episode, observations=list(episode.observations[:t + 1]),
+                 actions=list(episode.actions[:t]), rewards=list(episode.rewards[:t]),
+                 state_keys=list(episode.state_keys[:t + 1]), valid=list(episode.valid[:t]),
+                 infos=list(episode.infos[:t]))
+    if episode.action_ids is not None:
+        ep.action_ids = list(episode.action_ids[:t])
+    if episode.token_ids is not None:
+        cut = episode.turn_spans[t - 1][1] if t else 0
+        ep.token_ids, ep.loss_mask = list(episode.token_ids[:cut]), list(episode.loss_mask[:cut])
+        ep.logps, ep.turn_spans = list(episode.logps[:cut]), list(episode.turn_spans[:t])
+    if t < len(episode.observations):  # the observation after turn t was never answered
         ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
-        ep.truncated = True
-    return episodes
+        ep.truncated, ep.context_full = True, False
+    return ep
 
 
 def resolve_system_prompt(env, system_prompt):
@@ -665,19 +710,32 @@ def naive_rollout(model, tokenizer, make_env, seeds: list[int], group_size: int 
     return out
 
 
+def replay(make_env, episode, t: int, seed: int):
+    """(env, observation, done): a fresh environment reset with ``seed`` and stepped through the
+    first t actions of ``episode`` (an ``Episode``, whose action texts are replayed, or a list of
+    actions, each an index into ``env.actions`` or text). Every environment of the library is
+    deterministic given its seed and actions, so a state is restored by replay and never copied.
+    observation: the one the agent sees after the t actions; done: whether the last ended it."""
+    actions = episode.actions if isinstance(episode, Episode) else episode
+    if not 0 <= t <= len(actions):
+        raise ValueError(f"replay of {t} actions outside 0..{len(actions)}")
+    env = make_env()
+    obs, done = env.reset(seed=int(seed)), False
+    for k, a in enumerate(actions[:t]):
+        if done:
+            raise ValueError(f"prefix action {k} comes after the episode ended")
+        obs, _, done, _ = env.step(env.actions[int(a)] if isinstance(a, (int, np.integer)) else a)
+    return env, obs, done
+
+
 def fork_episode(make_env, parent: Episode, t: int, seed: int, group_id: int | None = None):
     """(env, episode): ``parent`` cut before its turn t, and a fresh environment restored to that
-    state by ``reset(seed)`` and replaying the parent's first t actions (every environment of the
-    library is deterministic given its seed and actions, so no environment is ever copied). The
-    token fields are cut at turn t's first action token when the parent has them. For tree and
-    sibling rollouts (TreePS-RAG, SLATE, ARPO): continue the fork with ``lm_continue`` or any
-    ``play_episodes`` policy."""
+    state (``replay``). The token fields are cut at turn t's first action token when the parent
+    has them. For tree and sibling rollouts (TreePS-RAG, SLATE, ARPO): continue the fork with
+    ``lm_continue`` or any ``play_episodes`` policy."""
     if not 0 <= t < len(parent):
         raise ValueError(f"fork turn {t} outside the parent's turns 0..{len(parent) - 1}")
-    env = make_env()
-    env.reset(seed=int(seed))
-    for a in parent.actions[:t]:
-        env.step(a)
+    env, _, _ = replay(make_env, parent, t, seed)
     ep = Episode(list(parent.observations[:t + 1]), list(parent.actions[:t]),
                  list(parent.rewards[:t]), list(parent.state_keys[:t + 1]), list(parent.valid[:t]),
                  list(parent.infos[:t]), group_id=parent.group_id if group_id is None else group_id,

@@ -114,6 +114,40 @@ def optimizer_step(optimizer, loss, max_grad_norm: float | None = None, clip_gro
     return norm
 
 
+def fit_pairs(parameters, pair_loss, num_pairs: int, lr: float, num_epochs: int, batch_size: int,
+              seed: int = 0, weight_decay: float = 0.0, max_grad_norm: float | None = None,
+              shuffle: bool = True, evaluate=None, desc: str | None = None) -> list[dict]:
+    """Epochs over ``num_pairs`` pairs in mini-batches of ``batch_size`` (the last of an epoch may
+    be smaller), one AdamW step at a constant ``lr`` each: the fitting loop of DPO
+    (``dpo.train``) and of the Bradley-Terry reward model (``reward_model.fit``).
+
+    pair_loss(idx (b,) long tensor on the host) -> (scalar loss with gradients, record dict).
+    shuffle: a fresh permutation each epoch from a CPU generator seeded with ``seed`` (False keeps
+    the pairs' order). max_grad_norm: clip over all ``parameters`` (None or <= 0: no clip).
+    evaluate() -> dict is logged as ``eval/*`` before the first epoch and after every epoch.
+    Returns one record per step: ``step``, ``epoch`` and pair_loss's record."""
+    import torch
+
+    params = list(parameters)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
+    history, step = [], 0
+    if evaluate is not None:
+        history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
+    for epoch in progress(range(num_epochs), desc=desc):
+        order = torch.randperm(num_pairs, generator=gen, device="cpu") if shuffle else \
+            torch.arange(num_pairs, device="cpu")  # host-side batch indices
+        for start in range(0, num_pairs, batch_size):
+            loss, record = pair_loss(order[start:start + batch_size])
+            optimizer_step(opt, loss, clip)
+            step += 1
+            history.append({"step": step, "epoch": epoch + 1, **record})
+        if evaluate is not None:
+            history[-1].update({f"eval/{k}": v for k, v in evaluate().items()})
+    return history
+
+
 class MetricsLogger:
     """Appends one JSON object per ``log`` call to ``<dir>/metrics.jsonl`` and keeps them in memory.
 

@@ -4,7 +4,8 @@ pull in transformers or trl (the modules a notebook imports before its first lan
 Layers, lowest first; a module may import from a lower layer, or from its own package when that
 makes no cycle:
 
-    core, utils, rewards      pure maths, seeding and logging, reward functions
+    utils                     seeding, the one optimizer step and pair-epoch loop, logging
+    core, rewards             pure maths, reward functions
     envs | models             environments; policies, the tiny LM and model loading (siblings)
     rollout                   sequences, masks, log-probs, episodes
     algorithms                one file per family, SFT, the exact DP solvers, the TRL adapter
@@ -25,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "agentrl_lib"
-LAYERS = [("core", "utils", "rewards"), ("envs", "models"), ("rollout",), ("algorithms",),
+LAYERS = [("utils",), ("core", "rewards"), ("envs", "models"), ("rollout",), ("algorithms",),
           ("analysis",), ("pipeline", "plotting", "exercises"), ("cli",)]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

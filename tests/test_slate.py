@@ -12,7 +12,7 @@ from agentrl_lib.algorithms import slate
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig
 from agentrl_lib.models.policies import KeyTablePolicy
 from agentrl_lib.rewards.judges import NoisyJudge
-from agentrl_lib.rollout import Episode, play_episodes
+from agentrl_lib.rollout import Episode, play_episodes, replay
 
 
 class ToyMenu:
@@ -117,11 +117,11 @@ def test_episode_qualities_from_a_recorded_episode():
     assert np.allclose(slate.episode_qualities([dull])[0], [0.5] * 6)
 
 
-def test_restore_replays_the_prefix():
-    env, obs, done = slate.restore(ToyMenu, 1, [0, 2, 0])  # 2 hops: read 1, listed again
+def test_replay_restores_the_prefix():
+    env, obs, done = replay(ToyMenu, [0, 2, 0], 3, 1)  # 2 hops: read 1, listed again
     assert env.state_key() == (2, 1, True) and not done and obs == "o3(2, 1, True)"
     with pytest.raises(ValueError, match="after the episode ended"):
-        slate.restore(ToyMenu, 0, [3, 0])
+        replay(ToyMenu, [3, 0], 2, 0)
 
 
 def test_truncated_rollout_of_the_expert():

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from agentrl_lib.algorithms import agent_pg, credit, loop
-from agentrl_lib.rollout import Episode, episode_stats
+from agentrl_lib.rollout import Episode, episode_stats, fork_episode, record_step, truncate
 
 ROLLOUTS = ("global", "arpo", "aepo")
 ATTRIBUTIONS = ("soft", "hard")
@@ -260,45 +260,48 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
             return info.get("tool") in env.tool_calls and bool(info.get("valid", True))
         return is_paid_tool_call(info)
 
-    def play(prefix, prefix_ids, forks_on_path, h_init, h_max, n_budget):
-        """Finish a path from its prefix (step records and their node ids), forking where the
-        score says so while ``n_budget['leaves'] + Z <= M`` (no forks when h_init is None).
-        Returns (records, node ids, the forks it spawned as (prefix, ids, l), its environment)."""
+    def new_path():
         env = make_env()
         obs = env.reset(seed=int(seed))
-        for rec in prefix:
-            obs, *_ = env.step(rec["action_id"])
-        records, ids = list(prefix), list(prefix_ids)
+        ep = Episode([obs], [], [], [env.state_key()], [], [], group_id=group_id,
+                     task=getattr(env, "task", None), action_ids=[])
+        return ep, [], [], [], 0, env
+
+    def play(path, h_init, h_max, n_budget):
+        """Finish a path (episode, node ids, tool-call flags and entropies of its steps, forks on
+        its lineage, environment), forking where the score says so while
+        ``n_budget['leaves'] + Z <= M`` (no forks when h_init is None). Returns the forks it
+        spawned as (episode, turn, ids, tool flags, entropies, l)."""
+        ep, ids, tools, ents, l, env = path
         spawned = []
-        l = forks_on_path
-        done = bool(prefix) and prefix[-1]["done"]
+        running = True
         cap = max_turns or getattr(env, "max_turns", None)
-        while not done and (cap is None or len(records) < cap):
-            p = _policy_probs(policy, env, obs)
+        while running and (cap is None or len(ep) < cap):
+            p = _policy_probs(policy, env, ep.observations[-1])
             h = entropy(p)
-            t = len(records)
-            after_tool = t > 0 and records[-1]["tool_call"]
+            t = len(ep)
+            after_tool = t > 0 and tools[-1]
             if (cfg.rollout != "global" and after_tool and h_init is not None
                     and n_budget["leaves"] + Z <= M):
                 dh = entropy_change(h, h_init, h_max)
                 pen = cfg.penalty if cfg.rollout == "aepo" else 0.0
                 if branch_score(dh, cfg.alpha, cfg.beta, pen, l) > cfg.tau:
                     n_budget["leaves"] += Z
-                    spawned += [(list(records), list(ids), l + 1)] * Z
+                    spawned += [(ep, t, ids[:t], tools[:t], ents[:t], l + 1)] * Z
                     n_budget["fork_depths"].append(t)
                     n_budget["fork_lineage"].append(l)
                     l += 1
             a = int(rng.choice(len(p), p=p / p.sum()))
-            key, text = env.state_key(), env.actions[a]
-            obs_next, r, done, info = env.step(a)
-            records.append({"obs": obs, "action_id": a, "action": text,
-                            "reward": float(r), "key": key, "valid": bool(info.get("valid", True)),
-                            "info": info, "done": bool(done), "tool_call": is_tool(env, info),
-                            "entropy": h, "obs_next": obs_next})
+            running = record_step(ep, env, a)
+            tools.append(is_tool(env, ep.infos[-1]))
+            ents.append(h)
             ids.append(nodes[0])
             nodes[0] += 1
-            obs = obs_next
-        return records, ids, spawned, env
+        return spawned
+
+    def fork_path(parent, t, ids, tools, ents, l):
+        env, ep = fork_episode(make_env, parent, t, seed)  # the prefix replayed, not paid again
+        return ep, list(ids), list(tools), list(ents), l, env  # Z forks share one spawn record
 
     # the root's entropy (one probe of the policy, no environment step paid)
     env0 = make_env()
@@ -307,15 +310,17 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     h_root, h_max = entropy(p0), math.log(len(p0))
     n_global = cfg.num_global if cfg.rollout == "arpo" else M
     budget = {"leaves": 0, "fork_depths": [], "fork_lineage": []}
-    leaves = []  # (records, node ids, environment) of each finished path
-    queue = []  # paths to play: ("global", None) or ("fork", (prefix, ids, l))
+    leaves = []  # the path of each finished leaf
+    queue = []  # paths to play: ("global", None) or ("fork", (episode, turn, ids, tools, ents, l))
     if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
         budget["leaves"] = 1
-        recs, ids, _, env = play([], [], 0, None, h_max, budget)
-        post = [r["entropy"] for k, r in enumerate(recs) if k > 0 and recs[k - 1]["tool_call"]]
+        path = new_path()
+        play(path, None, h_max, budget)
+        _, _, tools, ents, _, _ = path
+        post = [h for k, h in enumerate(ents) if k > 0 and tools[k - 1]]
         h_tool = float(np.mean(post)) if post else h_root
         n_global = global_count(M, h_root, h_tool, cfg.kappa, h_max)
-        leaves.append((recs, ids, env))
+        leaves.append(path)
         queue += [("global", None)] * (n_global - 1)
     else:
         queue += [("global", None)] * n_global
@@ -326,24 +331,17 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
             queue.append(("global", None))
             budget["leaves"] += 1
         kind, fork = queue.pop(0)
-        prefix, pids, l = ([], [], 0) if kind == "global" else fork
-        recs, ids, spawned, env = play(prefix, pids, l, h_init, h_max, budget)
-        leaves.append((recs, ids, env))
-        queue += [("fork", s) for s in spawned]
+        path = new_path() if kind == "global" else fork_path(*fork)
+        queue += [("fork", f) for f in play(path, h_init, h_max, budget)]
+        leaves.append(path)
     episodes, node_ids = [], []
-    for recs, ids, env in leaves:
-        ep = Episode([r["obs"] for r in recs], [r["action"] for r in recs],
-                     [r["reward"] for r in recs], [r["key"] for r in recs],
-                     [r["valid"] for r in recs], [r["info"] for r in recs], group_id=group_id,
-                     task=getattr(env, "task", None), action_ids=[r["action_id"] for r in recs])
-        if recs:
-            ep.final_observation = recs[-1]["obs_next"]
-            ep.next_state_key = recs[-1]["info"].get("state_key")
-            ep.truncated = not recs[-1]["done"] or bool(recs[-1]["info"].get("truncated", False))
-        ep.entropies = [r["entropy"] for r in recs]  # H(pi(.|k_t)) of each step, for the logs
+    for ep, ids, _, ents, _, _ in leaves:
+        if len(ep.observations) > len(ep):  # stopped by the turn cap, not by the environment
+            ep = truncate(ep, len(ep))
+        ep.entropies = ents  # H(pi(.|k_t)) of each step, for the logs
         episodes.append(ep)
         node_ids.append(ids)
-    tool_nodes = {n for recs, ids, _ in leaves for r, n in zip(recs, ids) if r["tool_call"]}
+    tool_nodes = {n for _, ids, tools, _, _, _ in leaves for tool, n in zip(tools, ids) if tool}
     return Tree(episodes, node_ids, len(tool_nodes), len(budget["fork_depths"]),
                 budget["fork_depths"], budget["fork_lineage"], n_global)
 

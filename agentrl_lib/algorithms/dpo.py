@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import fit_pairs
 
 Tensor = torch.Tensor
 
@@ -170,38 +170,22 @@ def train(parameters, pair_logps, num_pairs: int, cfg: DPOConfig, ref_chosen_log
     are indexed with the batch. Returns one record per optimizer step: ``step``, ``epoch``,
     ``losses/dpo``, the ``rewards/*`` metrics and, at epoch ends, ``eval/*``.
     """
-    params = list(parameters)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
-    history, step = [], 0
-    if evaluate is not None:
-        history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
-    for epoch in progress(range(cfg.num_epochs), desc="dpo epochs"):
-        order = torch.randperm(num_pairs, generator=gen, device="cpu") if cfg.shuffle else \
-            torch.arange(num_pairs, device="cpu")  # host-side batch indices
-        for start in range(0, num_pairs, cfg.batch_size):
-            idx = order[start:start + cfg.batch_size]  # (b,)
-            chosen, rejected = pair_logps(idx)  # (b,) each
-            kw = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in variant_kwargs.items()}
-            losses, metrics = dpo_loss(chosen, rejected, ref_chosen_logps[idx],
-                                       ref_rejected_logps[idx], cfg.beta, cfg.loss_type,
-                                       cfg.label_smoothing, **kw)
-            loss = losses.mean()
-            rec = {"losses/dpo": loss.item()}
-            if extra_loss is not None:
-                extra = extra_loss(idx)
-                rec["losses/extra"] = extra.item()
-                loss = loss + extra
-            opt.zero_grad()
-            loss.backward()
-            if cfg.max_grad_norm and cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            step += 1
-            history.append({"step": step, "epoch": epoch + 1, **rec, **metrics})
-        if evaluate is not None:
-            history[-1].update({f"eval/{k}": v for k, v in evaluate().items()})
-    return history
+    def pair_loss(idx: Tensor):
+        chosen, rejected = pair_logps(idx)  # (b,) each
+        kw = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in variant_kwargs.items()}
+        losses, metrics = dpo_loss(chosen, rejected, ref_chosen_logps[idx],
+                                   ref_rejected_logps[idx], cfg.beta, cfg.loss_type,
+                                   cfg.label_smoothing, **kw)
+        loss = losses.mean()
+        rec = {"losses/dpo": loss.item()}
+        if extra_loss is not None:
+            extra = extra_loss(idx)
+            rec["losses/extra"] = extra.item()
+            loss = loss + extra
+        return loss, {**rec, **metrics}
+    return fit_pairs(parameters, pair_loss, num_pairs, cfg.lr, cfg.num_epochs, cfg.batch_size,
+                     cfg.seed, cfg.weight_decay, cfg.max_grad_norm, cfg.shuffle, evaluate,
+                     desc="dpo epochs")
 
 
 # --- pair log-probs of two kinds of policy ---------------------------------------------------------
@@ -221,13 +205,11 @@ def tabular_pair_logps(logits: Tensor, chosen: Tensor, rejected: Tensor):
 def lm_sequence_logps(model, tokenizer, prompts: list[str], completions: list[str]) -> Tensor:
     """Sum of log pi(completion tokens + end-of-turn | chat(prompt)) per pair, (B,), with
     gradients: the sequence log-prob DPO uses (TRL sums over the completion tokens too)."""
-    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+    from agentrl_lib.rollout import chat_example, example_logps
 
     ex = [chat_example(tokenizer, p, c) for p, c in zip(prompts, completions)]
-    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return (logp * mask[:, 1:]).sum(-1)  # (B,)
+    logp, mask = example_logps(model, ex, tokenizer.pad_token_id)  # (B, L-1) each
+    return (logp * mask).sum(-1)  # (B,)
 
 
 def lm_pair_logps(model, tokenizer, prompts: list[str], chosen: list[str], rejected: list[str]):
@@ -304,14 +286,12 @@ def lm_rationale_nll(model, tokenizer, prompts: list[str], chosen: list[str], re
     if not (len(prompts) == len(chosen) == len(rejected) == len(rationales)):
         raise ValueError(f"prompts, chosen, rejected and rationales must have one entry per pair, "
                          f"got lengths {len(prompts)}, {len(chosen)}, {len(rejected)}, {len(rationales)}")
-    from agentrl_lib.rollout import chat_example, model_device, pad_examples
+    from agentrl_lib.rollout import chat_example, example_logps
 
     ex = [chat_example(tokenizer, rationale_context(p, c, r), z)
           for p, c, r, z in zip(prompts, chosen, rejected, rationales)]
-    ids, attn, mask = pad_examples(ex, tokenizer.pad_token_id, model_device(model))  # (B, L)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    nll = -(logp * mask[:, 1:]).sum(-1)  # (B,)
+    logp, mask = example_logps(model, ex, tokenizer.pad_token_id)  # (B, L-1) each
+    nll = -(logp * mask).sum(-1)  # (B,)
     with torch.no_grad():
-        per_token = (nll.sum() / mask[:, 1:].sum()).item()
+        per_token = (nll.sum() / mask.sum()).item()
     return gamma * nll, {"rationale/nll_per_token": per_token}

@@ -25,7 +25,7 @@ import torch
 from agentrl_lib.algorithms.dpo import dpo_loss
 from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, total_variation
 from agentrl_lib.rollout import model_device
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import optimizer_step, progress
 
 LOSS_TYPES = ("sigmoid", "inpo")
 
@@ -86,9 +86,7 @@ def fit_round(theta_t, ref_probs, chosen, rejected, weights, loss_type: str, bet
         logp = torch.log_softmax(theta, 0)  # (K,)
         losses, metrics = dpo_loss(logp[c], logp[r], logp_ref[c], logp_ref[r], beta, loss_type, **kw)
         loss = (w * losses).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
     metrics["losses/pref"] = float(loss.item())
     return theta.detach().numpy().copy(), metrics
 
@@ -169,6 +167,27 @@ def lm_candidate_logps(model, tokenizer, prompts: list[str], candidates: list[li
     return torch.log_softmax(seq, -1)  # (S, K)
 
 
+def candidate_rounds(model, tokenizer, prompts: list[str], candidates: list[list[str]],
+                     num_rounds: int, round_fn, with_grad: bool = False,
+                     desc: str | None = None) -> np.ndarray:
+    """The loop of both LM rungs over a restricted response set (INPO's self-play rounds, SPO's
+    steps): before each of ``num_rounds`` rounds and after the last, the LM's policy over each
+    prompt's candidates, log pi (S, K) (``lm_candidate_logps``; with gradients when
+    ``with_grad``) and pi (S, K) in float64, renormalised; ``round_fn(t, logp, pi)`` makes round
+    t's update (sampling, its optimizer steps, its own curves). Returns the num_rounds + 1
+    policies pi_0..pi_T, (T+1, S, K)."""
+    pis = []
+    for t in progress(range(num_rounds + 1), desc=desc):
+        with torch.set_grad_enabled(with_grad):
+            logp = lm_candidate_logps(model, tokenizer, prompts, candidates).float()  # (S, K)
+        pi = logp.detach().exp().double().cpu().numpy()
+        pi /= pi.sum(-1, keepdims=True)
+        pis.append(pi)
+        if t < num_rounds:
+            round_fn(t, logp, pi)
+    return np.array(pis)
+
+
 def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]], bandit: PrefBandit,
                cfg: IterConfig, ref_logps=None, target=None) -> dict:
     """The self-play rounds of ``iterate`` with the LM as the policy over each prompt's K candidates
@@ -187,18 +206,8 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
             ref_logps = lm_candidate_logps(model, tokenizer, prompts, candidates)
     device = model_device(model)  # every tensor the loss touches lives there
     ref_logps = torch.as_tensor(ref_logps, device=device).detach().float()  # (S, K)
-    out = {"exploitability": [], "tv": [], "pis": []}
-    for t in progress(range(cfg.num_iters + 1), desc="inpo"):
-        with torch.no_grad():
-            prev = lm_candidate_logps(model, tokenizer, prompts, candidates).float()  # (S, K) pi_t
-        pi = prev.exp().double().cpu().numpy()
-        pi /= pi.sum(-1, keepdims=True)
-        out["pis"].append(pi)
-        out["exploitability"].append(float(np.mean([exploitability(p, bandit.P) for p in pi])))
-        if target is not None:
-            out["tv"].append(float(np.mean([total_variation(p, target) for p in pi])))
-        if t == cfg.num_iters:
-            break
+
+    def round_fn(t, prev, pi):  # prev: (S, K) pi_t, without gradients
         rows = []
         for s in range(S):
             if cfg.num_pairs > 0:
@@ -208,7 +217,7 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
             rows.append((np.full(len(c), s), c, r, w / S))
         s_, c, r, w = (np.concatenate(x) for x in zip(*rows))
         if len(c) == 0:
-            continue
+            return
         s_, c, r = (torch.as_tensor(x, dtype=torch.long, device=device) for x in (s_, c, r))
         w = torch.as_tensor(w, dtype=torch.float32, device=device)
         kw = {}
@@ -219,9 +228,11 @@ def lm_iterate(model, tokenizer, prompts: list[str], candidates: list[list[str]]
             logp = lm_candidate_logps(model, tokenizer, prompts, candidates)  # (S, K)
             losses, _ = dpo_loss(logp[s_, c], logp[s_, r], ref_logps[s_, c], ref_logps[s_, r],
                                  cfg.beta, cfg.loss_type, **kw)
-            loss = (w * losses).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    out["pis"] = np.array(out["pis"])
-    return out
+            optimizer_step(opt, (w * losses).sum())
+
+    pis = candidate_rounds(model, tokenizer, prompts, candidates, cfg.num_iters, round_fn,
+                           desc="inpo")
+    mean_over_prompts = lambda f: [float(np.mean([f(p) for p in pi])) for pi in pis]  # noqa: E731
+    return {"exploitability": mean_over_prompts(lambda p: exploitability(p, bandit.P)),
+            "tv": mean_over_prompts(lambda p: total_variation(p, target)) if target is not None
+            else [], "pis": pis}

@@ -61,6 +61,7 @@ import torch
 from agentrl_lib.algorithms import credit
 from agentrl_lib.algorithms.dpo import dpo_loss
 from agentrl_lib.models.policies import KeyRows
+from agentrl_lib.utils import optimizer_step
 
 PAIRINGS = ("all", "best_worst")
 REFERENCES = ("uniform", "given")
@@ -256,9 +257,7 @@ class ImplicitPRM:
             for _ in range(cfg.num_epochs):
                 lp = torch.log_softmax(theta[rows], -1).gather(-1, acts[:, None]).squeeze(-1)  # (N,)
                 loss, _ = trajectory_dpo_loss(lp, ref_n, owner, len(episodes), chosen, rejected, cfg.beta)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                optimizer_step(opt, loss)
             self.opt_state = opt.state_dict()
         self.theta = theta.detach()
         with torch.no_grad():

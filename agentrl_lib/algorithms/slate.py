@@ -32,7 +32,7 @@ E[r | q] of that judge (the clipped normal's mean), from which ``exact_step_adva
 true step advantage A*(s, a) = E[r | s, a] - sum_a' pi(a' | s) E[r | s, a'] of every action.
 
 **Restoring a prefix.** ``KGSearchEnv`` is deterministic given (seed, actions), so the state after
-a prefix is restored by ``reset(seed)`` and replaying the prefix's actions (``restore``); no
+a prefix is restored by ``reset(seed)`` and replaying the prefix's actions (``rollout.replay``); no
 environment is deep-copied (the index is a shared SQLite handle).
 
 Quality functions: ``quality_fn(key_before, action, key_after, info, observation) -> q``;
@@ -53,7 +53,7 @@ import numpy as np
 
 from agentrl_lib.algorithms.credit import groups_of, normalise_within
 from agentrl_lib.rewards.judges import NoisyJudge
-from agentrl_lib.rollout import Episode, record_step
+from agentrl_lib.rollout import Episode, record_step, replay, truncate
 
 GOOD, NEUTRAL, BAD = 1.0, 0.5, 0.0
 """the oracle's ternary step qualities (the paper's +1 / 0 / -1 on the judge's [0, 1] scale)"""
@@ -174,18 +174,6 @@ def trajectory_advantages(episodes, step_rewards, norm_adv: bool = True, ddof: i
 
 
 # --- truncated step-level sampling ----------------------------------------------------------------
-def restore(make_env, seed: int, prefix):
-    """A fresh environment in the state after ``prefix`` (actions: indices into env.actions or
-    text): reset(seed), then replay. Returns (env, observation, done)."""
-    env = make_env()
-    obs, done = env.reset(seed=int(seed)), False
-    for t, a in enumerate(prefix):
-        if done:
-            raise ValueError(f"prefix action {t} comes after the episode ended")
-        obs, _, done, _ = env.step(env.actions[int(a)] if isinstance(a, (int, np.integer)) else a)
-    return env, obs, done
-
-
 @dataclass
 class SlateBatch:
     """The siblings of a batch of truncated rollouts. ``siblings``: one length-1 ``Episode`` per
@@ -217,7 +205,7 @@ def truncated_rollout(make_env, act, seeds, k: int, judge: NoisyJudge, rng: np.r
         prefix, success, hops = [], False, None
         cap = max_turns if max_turns is not None else make_env().max_turns
         for t in range(cap):
-            restored = [restore(make_env, seed, prefix) for _ in range(k)]
+            restored = [replay(make_env, prefix, len(prefix), seed) for _ in range(k)]
             envs = [e for e, _, _ in restored]
             obs = [o for _, o, _ in restored]
             keys = [e.state_key() for e in envs]
@@ -228,9 +216,7 @@ def truncated_rollout(make_env, act, seeds, k: int, judge: NoisyJudge, rng: np.r
                               task=getattr(e, "task", None), action_ids=[])
                 running = record_step(sib, e, a)
                 if running:  # the state after the step is the next decision point's, not this one's
-                    sib.next_state_key = sib.state_keys.pop()
-                    sib.final_observation = sib.observations.pop()
-                    sib.truncated = True
+                    sib = truncate(sib, 1)
                 q = quality_fn(key, sib.actions[0], sib.next_state_key, sib.infos[0],
                                sib.final_observation)
                 rewards.append(float(judge_step_rewards(q, judge, rng)))
@@ -259,11 +245,11 @@ def slate_advantages(batch: SlateBatch, norm_adv: bool = True) -> list[np.ndarra
 # --- the exact step advantage and the variance probe ----------------------------------------------
 def action_qualities(make_env, seed: int, prefix, quality_fn=menu_step_quality) -> np.ndarray:
     """The oracle quality of every action of ``env.actions`` at the state after ``prefix``, (A,)
-    (each by its own restore and one step)."""
-    env, _, _ = restore(make_env, seed, prefix)
+    (each by its own ``rollout.replay`` and one step)."""
+    env, _, _ = replay(make_env, prefix, len(prefix), seed)
     out = []
     for a in range(len(env.actions)):
-        e, _, _ = restore(make_env, seed, prefix)
+        e, _, _ = replay(make_env, prefix, len(prefix), seed)
         key = e.state_key()
         o2, _, _, info = e.step(e.actions[a])
         out.append(quality_fn(key, e.actions[a], info["state_key"], info, o2))
@@ -393,9 +379,9 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
     """``sample(model, it=0) -> grpo.Batch`` for ``grpo.train``: SLATE's sampler with the LM as the
     policy. Per question (``cfg.num_prompts`` seeds drawn as ``grpo.episode_sampler`` draws them,
     so every arm sees the same questions): at each decision point ``cfg.group_size`` siblings, each
-    an environment restored at the prefix (``restore``) and a record holding the prefix's tokens
-    (``rollout.text_episodes_to_tokens``: the conversation exactly as ``lm_rollout`` lays it out,
-    loss mask 0), one LM turn generated for all of them from the whole conversation
+    an environment restored at the prefix (``rollout.replay``) and a record holding the prefix's
+    tokens (``rollout.text_episodes_to_tokens``: the conversation exactly as ``lm_rollout`` lays it
+    out, loss mask 0), one LM turn generated for all of them from the whole conversation
     (``rollout.lm_continue``, one turn); each call judged, one sibling drawn
     uniformly extends the prefix. The rows of the batch are the siblings (one trained turn each);
     the judged reward is in ``infos[0]["judge_reward"]`` for ``lm_sibling_advantages``."""
@@ -424,7 +410,7 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
             for t in range(cfg.max_turns):
                 envs, records = [], []
                 for _ in range(cfg.group_size):
-                    env, obs, _ = restore(make_env, seed, actions)
+                    env, obs, _ = replay(make_env, actions, len(actions), seed)
                     if observations is None:
                         observations = [obs]
                     prefix = Episode(list(observations), list(actions), [0.0] * len(actions),

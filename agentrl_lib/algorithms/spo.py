@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentrl_lib.envs.pref_bandit import PrefBandit, exploitability, total_variation
-from agentrl_lib.utils import progress
+from agentrl_lib.utils import optimizer_step, progress
 
 ARMS = ("spo", "reward_model")
 
@@ -203,7 +203,7 @@ def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], 
     average policy), ``tv``/``avg_tv`` to ``target``; ``final_pi``, ``avg_pi`` (S, K), ``r_hat``."""
     import torch
 
-    from agentrl_lib.algorithms.inpo import lm_candidate_logps
+    from agentrl_lib.algorithms.inpo import candidate_rounds
 
     rng = np.random.default_rng(cfg.seed)
     S, K, N = len(prompts), bandit.K, cfg.num_samples
@@ -233,13 +233,8 @@ def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], 
             out["tv"].append(float(np.mean([total_variation(p, target) for p in pi])))
             out["avg_tv"].append(float(np.mean([total_variation(p, target) for p in avg])))
 
-    for t in range(cfg.num_iters + 1):
-        logp = lm_candidate_logps(model, tokenizer, prompts, candidates)  # (S, K)
-        pi = logp.detach().exp().double().cpu().numpy()
-        pi /= pi.sum(-1, keepdims=True)
-        if t == cfg.num_iters:
-            break
-        pi_sum += pi
+    def round_fn(t, logp, pi):  # logp: (S, K) with gradients
+        pi_sum[:] += pi
         log(pi, t + 1)
         ys = np.stack([rng.choice(K, size=N, p=p) for p in pi])  # (S, N)
         if cfg.arm == "spo":
@@ -249,10 +244,10 @@ def lm_train(model, tokenizer, prompts: list[str], candidates: list[list[str]], 
         lp = logp.gather(1, torch.as_tensor(ys, dtype=torch.long, device=logp.device))  # (S, N)
         soft = torch.as_tensor(rewards, dtype=lp.dtype, device=lp.device) - cfg.alpha * lp.detach()
         adv = soft - soft.mean(1, keepdim=True)
-        loss = -(adv * lp).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, -(adv * lp).mean())
+
+    pi = candidate_rounds(model, tokenizer, prompts, candidates, cfg.num_iters, round_fn,
+                          with_grad=True, desc=f"spo ({cfg.arm})")[-1]
     out["final_pi"] = pi
     out["avg_pi"] = pi_sum / cfg.num_iters
     out["r_hat"] = r_hat

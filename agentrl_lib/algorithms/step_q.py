@@ -48,7 +48,7 @@ from agentrl_lib.algorithms import dpo
 from agentrl_lib.algorithms.credit import returns_to_go
 from agentrl_lib.algorithms.dp import finite_horizon_advantages
 from agentrl_lib.rollout import (Episode, episode_stats, generate, observation_text, prompt_text,
-                                record_step)
+                                record_step, truncate)
 
 Tensor = torch.Tensor
 
@@ -393,11 +393,7 @@ def best_of_k_episodes(make_env, tasks: list, propose, score, num_candidates: in
             if record_step(eps[i], envs[i], a):
                 still.append(i)
         running, turn = still, turn + 1
-    for i in running:
-        ep = eps[i]
-        ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
-        ep.truncated = True
-    return eps
+    return [truncate(ep, len(ep)) if i in running else ep for i, ep in enumerate(eps)]
 
 
 def evaluate_best_of_k(make_env, tasks: list, propose, score, num_candidates: int,

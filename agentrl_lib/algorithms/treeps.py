@@ -50,7 +50,7 @@ import torch
 
 from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig
-from agentrl_lib.rollout import Episode, episode_stats, play_episodes, record_step
+from agentrl_lib.rollout import Episode, episode_stats, play_episodes
 
 SAMPLERS = ("tree", "iid")
 ADVANTAGES = ("process", "outcome")
@@ -68,44 +68,14 @@ class TreeBatch:
         return int(sum(len(ep) for ep in self.episodes) - sum(self.replayed))
 
 
-def _play_from_prefixes(make_env, policy, jobs, max_turns: int | None) -> list[Episode]:
-    """Play one episode per job (group_id, seed, prefix actions): reset, replay the prefix
-    (indices into ``env.actions`` or text), then sample with ``policy`` (all running envs
-    together), recording every turn as ``play_episodes`` does."""
-    envs, episodes, running = [], [], []
-    for gid, seed, prefix in jobs:
-        env = make_env()
-        obs = env.reset(seed=int(seed))
-        ep = Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
-                     task=getattr(env, "task", None), action_ids=[])
-        alive = True
-        for a in prefix:
-            alive = record_step(ep, env, a)
-            if not alive:
-                raise RuntimeError("a replayed prefix ended before its last action: the "
-                                   "environment is not deterministic given (seed, actions)")
-        envs.append(env)
-        episodes.append(ep)
-        if max_turns is None or len(ep) < max_turns:
-            running.append(len(envs) - 1)
-        else:  # the prefix reached the cap (only when a branch depth >= max_turns)
-            _truncate(ep)
-    while running:
-        acts = policy([envs[i] for i in running], [episodes[i].observations[-1] for i in running])
-        still = []
-        for i, a in zip(running, acts):
-            if record_step(episodes[i], envs[i], a):
-                if max_turns is not None and len(episodes[i]) >= max_turns:
-                    _truncate(episodes[i])
-                else:
-                    still.append(i)
-        running = still
+def _play_jobs(make_env, policy, jobs, max_turns: int | None) -> list[Episode]:
+    """One episode per job (group_id, seed, prefix actions): ``play_episodes`` from the replayed
+    prefix, in the group of the job."""
+    episodes = play_episodes(make_env, policy, [s for _, s, _ in jobs], 1, max_turns,
+                             prefixes=[p for _, _, p in jobs])
+    for (gid, _, _), ep in zip(jobs, episodes):
+        ep.group_id = gid
     return episodes
-
-
-def _truncate(ep: Episode) -> None:
-    ep.next_state_key, ep.final_observation = ep.state_keys.pop(), ep.observations.pop()
-    ep.truncated = True
 
 
 def _prefix(ep: Episode, d: int) -> list:
@@ -127,7 +97,7 @@ def tree_rollout(make_env, policy, seeds: list[int], num_leaves: int, branch_dep
     roots = max(1, num_leaves // branch_factor ** len(depths))
     root_jobs = [(g, s, []) for g, s in enumerate(seeds) for _ in range(roots)]
     groups = defaultdict(list)
-    for (g, _, _), ep in zip(root_jobs, _play_from_prefixes(make_env, policy, root_jobs, max_turns)):
+    for (g, _, _), ep in zip(root_jobs, _play_jobs(make_env, policy, root_jobs, max_turns)):
         groups[g].append(ep)
     replayed = {g: [0] * roots for g in range(len(seeds))}
     for d in depths:
@@ -139,11 +109,11 @@ def tree_rollout(make_env, policy, seeds: list[int], num_leaves: int, branch_dep
                     n = min(branch_factor - 1, room)
                     jobs += [(g, s, _prefix(ep, d))] * n
                     owners += [g] * n
-        for g, ep in zip(owners, _play_from_prefixes(make_env, policy, jobs, max_turns)):
+        for g, ep in zip(owners, _play_jobs(make_env, policy, jobs, max_turns)):
             groups[g].append(ep)
             replayed[g].append(d)
     fill = [(g, s, []) for g, s in enumerate(seeds) for _ in range(num_leaves - len(groups[g]))]
-    for (g, _, _), ep in zip(fill, _play_from_prefixes(make_env, policy, fill, max_turns)):
+    for (g, _, _), ep in zip(fill, _play_jobs(make_env, policy, fill, max_turns)):
         groups[g].append(ep)
         replayed[g].append(0)
     episodes = [ep for g in range(len(seeds)) for ep in groups[g]]

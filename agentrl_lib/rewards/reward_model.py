@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentrl_lib.utils import fit_pairs
+
 Tensor = torch.Tensor
 
 
@@ -140,29 +142,12 @@ def fit(parameters, pair_rewards, num_pairs: int, lr: float = 1e-2, num_epochs: 
     gradients; ``margin`` (N,) optional. ``evaluate()`` -> dict is logged before training and after
     every epoch. Returns one record per step: ``step``, ``epoch``, ``losses/bt``, ``accuracy``,
     ``margin`` (and ``eval/*`` at epoch ends)."""
-    params = list(parameters)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    history, step = [], 0
-    if evaluate is not None:
-        history.append({"step": 0, "epoch": 0, **{f"eval/{k}": v for k, v in evaluate().items()}})
-    for epoch in range(num_epochs):
-        order = torch.randperm(num_pairs, generator=gen, device="cpu") if shuffle else \
-            torch.arange(num_pairs, device="cpu")  # host-side batch indices
-        for start in range(0, num_pairs, batch_size):
-            idx = order[start:start + batch_size]  # (b,)
-            r_c, r_r = pair_rewards(idx)  # (b,) each
-            loss, metrics = bt_loss(r_c, r_r, None if margin is None else margin[idx])
-            opt.zero_grad()
-            loss.backward()
-            if max_grad_norm and max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            opt.step()
-            step += 1
-            history.append({"step": step, "epoch": epoch + 1, "losses/bt": loss.item(), **metrics})
-        if evaluate is not None:
-            history[-1].update({f"eval/{k}": v for k, v in evaluate().items()})
-    return history
+    def pair_loss(idx: Tensor):
+        r_c, r_r = pair_rewards(idx)  # (b,) each
+        loss, metrics = bt_loss(r_c, r_r, None if margin is None else margin[idx])
+        return loss, {"losses/bt": loss.item(), **metrics}
+    return fit_pairs(parameters, pair_loss, num_pairs, lr, num_epochs, batch_size, seed,
+                     weight_decay, max_grad_norm, shuffle, evaluate, desc="reward model epochs")
 
 
 def index_pair_rewards(model, chosen: Tensor, rejected: Tensor):
