@@ -1,7 +1,5 @@
 """15_pope: its checked exercises, answered right and wrong (see conftest.py)."""
 
-import math
-
 
 def test_nb15_prefix_len(notebook, answerable):
     import math

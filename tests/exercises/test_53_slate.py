@@ -1,7 +1,5 @@
 """53_slate: its checked exercises, answered right and wrong (see conftest.py)."""
 
-import math
-
 import numpy as np
 
 
