@@ -439,6 +439,20 @@ class Episode:
         record.update(fields)
         return cls(**record)
 
+    @classmethod
+    def start(cls, env, observation: str, group_id: int = 0, state_key=None,
+              tokens: bool = False) -> "Episode":
+        """The record of a reset, before any turn: the first observation and state key (the env's
+        own unless given) and the task. ``tokens=True``: the LM record ``lm_rollout`` fills (empty
+        token fields, no ``action_ids``); else a symbolic policy's (``action_ids=[]``)."""
+        ep = cls([observation], [], [], [env.state_key() if state_key is None else state_key], [],
+                 [], group_id=group_id, task=getattr(env, "task", None))
+        if tokens:
+            ep.prompt_ids, ep.token_ids, ep.loss_mask, ep.logps, ep.turn_spans = [], [], [], [], []
+        else:
+            ep.action_ids = []
+        return ep
+
     @property
     def ret(self) -> float:
         """Undiscounted return sum_t r_t."""
@@ -502,8 +516,7 @@ def play_episodes(make_env, policy, seeds: list[int], group_size: int = 1,
             if hasattr(env, "seed_dynamics"):  # same task, independent transition noise
                 env.seed_dynamics(int(np.random.SeedSequence([int(seed), member]).generate_state(1)[0]))
             envs.append(env)
-            episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
-                                    task=getattr(env, "task", None), action_ids=[]))
+            episodes.append(Episode.start(env, obs, gid))
     for ep, env, prefix in zip(episodes, envs, prefixes or []):
         for a in prefix:
             if not record_step(ep, env, a):
@@ -561,9 +574,7 @@ def _new_episodes(make_env, seeds, group_size):
             env = make_env()
             obs = env.reset(seed=int(seed))
             envs.append(env)
-            episodes.append(Episode([obs], [], [], [env.state_key()], [], [], group_id=gid,
-                                    task=getattr(env, "task", None), prompt_ids=[], token_ids=[],
-                                    loss_mask=[], logps=[], turn_spans=[]))
+            episodes.append(Episode.start(env, obs, gid, tokens=True))
     return envs, episodes
 
 

@@ -236,7 +236,7 @@ def test_training_step_changes_params_and_advantages(moving_lm):
         rows = grpo.train(model, grpo.episode_sampler(tok, mk, list(range(10)), cfg), cfg,
                           evaluate=lambda m: grpo.evaluate_agent(m, tok, mk, [0, 1], 3, 6, 1))
         assert [r["iter"] for r in rows] == [0, 1]
-        assert "eval/success" in rows[0] and "losses/loss" in rows[0] and "rollout/turns" in rows[0]
+        assert "eval/success" in rows[0] and "losses/loss" in rows[1] and "rollout/turns" in rows[1]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     with pytest.raises(ValueError, match="estimator"):
         GRPOConfig(estimator="ppo")
@@ -370,7 +370,7 @@ def test_horizon_schedule_entropy_bonus_and_regulariser(moving_lm):
     cfg = GRPOConfig(num_prompts=2, group_size=2, max_new_tokens=6, horizon_schedule=((0, 1), (2, 3)))
     assert [grpo.max_turns_at(cfg, i) for i in range(4)] == [1, 1, 3, 3]
     sample = grpo.episode_sampler(tok, make_env(), list(range(10)), cfg)
-    batches = [sample(model) for _ in range(3)]
+    batches = [sample(model, it) for it in range(3)]  # it: updates done, as loop.run passes
     assert [b.metrics["rollout/max_turns"] for b in batches] == [1, 1, 3]
     assert all(len(ep) == 1 for b in batches[:2] for ep in b.episodes)
     with pytest.raises(ValueError, match="horizon_schedule"):

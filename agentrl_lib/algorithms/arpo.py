@@ -263,8 +263,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     def new_path():
         env = make_env()
         obs = env.reset(seed=int(seed))
-        ep = Episode([obs], [], [], [env.state_key()], [], [], group_id=group_id,
-                     task=getattr(env, "task", None), action_ids=[])
+        ep = Episode.start(env, obs, group_id)
         return ep, [], [], [], 0, env
 
     def play(path, h_init, h_max, n_budget):

@@ -212,8 +212,7 @@ def truncated_rollout(make_env, act, seeds, k: int, judge: NoisyJudge, rng: np.r
             acts = act(envs, obs)
             ends = []
             for e, o, key, a in zip(envs, obs, keys, acts):
-                sib = Episode([o], [], [], [key], [], [], group_id=point,
-                              task=getattr(e, "task", None), action_ids=[])
+                sib = Episode.start(e, o, point, state_key=key)
                 running = record_step(sib, e, a)
                 if running:  # the state after the step is the next decision point's, not this one's
                     sib = truncate(sib, 1)

@@ -374,7 +374,7 @@ def best_of_k_episodes(make_env, tasks: list, propose, score, num_candidates: in
         env = make_env()
         obs = env.reset(task=tuple(t))
         envs.append(env)
-        eps.append(Episode([obs], [], [], [env.state_key()], [], [], task=env.task, action_ids=[]))
+        eps.append(Episode.start(env, obs))
     running = list(range(len(envs)))
     turn = 0
     while running and turn < max_turns:
