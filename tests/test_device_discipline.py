@@ -106,7 +106,8 @@ def test_multi_turn_grpo_update(lm, estimator, on_meta_default):
     sample = grpo.episode_sampler(tok, make_env, list(range(8)), cfg)
     rows = grpo.train(model, sample, cfg, evaluate=lambda m: grpo.evaluate_agent(
         m, tok, make_env, [0, 1], max_turns=2, max_new_tokens=3, samples=1))
-    assert np.isfinite(rows[0]["losses/loss"]) and "eval/success" in rows[0]
+    assert "eval/success" in rows[0]  # the start's evaluation; then the update, evaluated after
+    assert np.isfinite(rows[1]["losses/loss"]) and "eval/success" in rows[1]
 
 
 def test_multi_turn_credit_fn(lm, on_meta_default):

@@ -116,7 +116,7 @@ def run_arm(start_model, tokenizer, cfg: GRPOConfig, train_problems: list[dict],
         return total
 
     def on_step(row):
-        done = row["iter"] + 1  # updates finished
+        done = row["iter"]  # updates finished (``loop.run``'s rows)
         if done % eval_every == 0 or done == cfg.num_iters:
             steps.append(done)
             accs.append(evaluate(model, tokenizer, eval_problems, eval_reward, max_new)["acc"])
