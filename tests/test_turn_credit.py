@@ -128,6 +128,23 @@ def test_lm_credit_empg_reads_the_models_turn_entropies(tiny_lm):
     assert all(np.array_equal(a, w) for a, w in zip(got, want))
 
 
+def test_grpo_train_builds_lm_credit_for_the_critic_and_entropy_estimators(tiny_lm):
+    """``grpo.train`` with 'turn_gae' (or 'hiper', 'empg') and no credit_fn trains through
+    ``lm_credit``: its critic is fitted and reported as ``credit/critic_keys``."""
+    import copy
+
+    model, tok = tiny_lm
+    model = copy.deepcopy(model)
+    make_env = lambda: GridAgentEnv(max_turns=2)  # noqa: E731
+    for est in ("turn_gae", "empg"):
+        cfg = GRPOConfig(estimator=est, num_iters=2, num_prompts=2, group_size=2, max_turns=2,
+                         max_new_tokens=4, lr=1e-3)
+        rows = grpo.train(model, grpo.episode_sampler(tok, make_env, list(range(6)), cfg), cfg)
+        assert [r["iter"] for r in rows] == [1, 2]
+        assert all(np.isfinite(r["losses/loss"]) for r in rows)
+        assert (rows[-1].get("credit/critic_keys", 0) > 0) == (est == "turn_gae")
+
+
 def test_trl_unsupported_is_derived_from_the_lists():
     trl_adapter = pytest.importorskip("agentrl_lib.algorithms.trl_adapter")
     want = set(ESTIMATORS) | set(turn_credit.TURN_ESTIMATORS)

@@ -96,10 +96,10 @@ class GRPOConfig:
     ``turn_credit.TURN_ESTIMATORS``, the table agents' list: 'grpo' (the episode return
     normalised in its group, on every turn), 'gigpo' (plus omega x the anchor-state step
     advantage), 'salt' (trajectory-graph step advantages), 'hgpo' (GiGPO with a hierarchy of
-    history-consistent step groups), 'reinforce' (the return, no baseline), and, trained with
-    ``credit_fn=lm_credit(cfg, model)``, 'turn_gae' and 'hiper' (a tabular critic over the
-    environment's state keys) and 'empg' (the model's turn entropies); any other turn-level
-    estimator through ``credit_fn``"""
+    history-consistent step groups), 'reinforce' (the return, no baseline), and, through
+    ``lm_credit(cfg, model)`` (``train`` builds it when no ``credit_fn`` is given), 'turn_gae' and
+    'hiper' (a tabular critic over the environment's state keys) and 'empg' (the model's turn
+    entropies); any other turn-level estimator through ``credit_fn``"""
     std_ddof: int = 1
     """ddof of the std in 'grpo', 'lite_ppo' and 'reinforce_pp' (1 as torch.std and TRL)"""
     loss_agg: str = "seq_mean"
@@ -523,11 +523,14 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
     ``eos_id`` (the tokenizer's) when ``cfg.overlong_filter``; ``credit_fn`` replaces the multi-turn
-    estimator (``advantages``), and its ``metrics`` (a dict, or a list whose last dict is the latest
+    estimator (``advantages``; 'turn_gae', 'hiper' and 'empg' get ``lm_credit(cfg, model)`` when
+    none is given), and its ``metrics`` (a dict, or a list whose last dict is the latest
     call's), if it has any, are logged under ``credit/``; ``regulariser`` adds a term of the token
     entropies to the loss (``update``); ``initial_eval``: the start's evaluation, when known.
     Returns the logged rows (``loop.run``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if credit_fn is None and cfg.estimator in (*CRITIC_ESTIMATORS, "empg"):
+        credit_fn = lm_credit(cfg, model)  # its critic, or the model's turn entropies
 
     def update_fn(batch: Batch, it: int) -> dict:
         batch = advantages(batch, cfg, eos_id, credit_fn)
