@@ -798,6 +798,24 @@ def text_episodes_to_tokens(tokenizer, episodes, system_prompt: str | None = Non
     return episodes
 
 
+def prefix_record(tokenizer, env, observations: list[str], actions: list[str], observation: str,
+                  system_prompt: str | None = None, group_id: int = 0) -> Episode:
+    """The record ``lm_continue`` plays the next turn of, from a replayed conversation: the first
+    observation as the prompt, then ``actions`` and ``observations[1:]`` with the current
+    ``observation`` after them, as context (loss mask 0, no turn spans: nothing in it is trained).
+    ``env`` is at that state (``replay``). SLATE's shared prefix: one sibling turn per record."""
+    head = Episode(list(observations), list(actions), [0.0] * len(actions), [None] * len(actions),
+                   [True] * len(actions), [{}] * len(actions))
+    text_episodes_to_tokens(tokenizer, [head], system_prompt)
+    if actions:
+        seg = token_ids(tokenizer, observation_text(tokenizer, observation, system_prompt))
+        head.token_ids += seg
+    record = Episode.start(env, observations[0], group_id, tokens=True)
+    record.prompt_ids, record.token_ids = head.prompt_ids, head.token_ids
+    record.loss_mask, record.logps = [0] * len(head.token_ids), [0.0] * len(head.token_ids)
+    return record
+
+
 def pad_episodes(episodes, pad_id: int, device) -> Generation:
     """Token-level episodes as one ``Generation``: the first prompts left-padded (B, P); the rest of
     each conversation right-padded (B, N) with ``completion_mask`` 1 on its real tokens and

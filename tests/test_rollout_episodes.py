@@ -73,3 +73,21 @@ def test_play_episodes_from_prefixes():
     assert len(env_cap) == 4 and env_cap.truncated and env_cap.final_observation == "n4"
     with pytest.raises(RuntimeError, match="not deterministic"):
         play_episodes(Counter, up, [0], 1, prefixes=[["stop", "up"]])
+
+
+def test_prefix_record_holds_the_replayed_conversation_as_untrained_context(tiny_lm):
+    """The record SLATE's LM sampler continues: its tokens are the scripted conversation's up to
+    and including the current observation (``text_episodes_to_tokens`` of the played episode,
+    then that observation), none of them trained, at the replayed env's state."""
+    from agentrl_lib.rollout import (observation_text, prefix_record, text_episodes_to_tokens,
+                                     token_ids)
+
+    _, tok = tiny_lm
+    played = play_episodes(Counter, up, [1], max_turns=2)[0]  # n1 -> n2 -> n3, capped
+    env, obs, done = replay(Counter, played, 2, seed=1)
+    rec = prefix_record(tok, env, played.observations, played.actions, obs, "", group_id=7)
+    full = text_episodes_to_tokens(tok, [truncate(played, 2)], "")[0]
+    tail = token_ids(tok, observation_text(tok, obs, ""))
+    assert rec.prompt_ids == full.prompt_ids and rec.token_ids == full.token_ids + tail
+    assert set(rec.loss_mask) == {0} and rec.turn_spans == [] and len(rec) == 0
+    assert rec.state_keys == [3] and rec.group_id == 7 and not done

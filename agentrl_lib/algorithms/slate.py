@@ -389,9 +389,8 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
     import torch
 
     from agentrl_lib.algorithms.grpo import Batch
-    from agentrl_lib.rollout import (lm_continue, model_device, observation_text, pad_episodes,
-                                     resolve_system_prompt, text_episodes_to_tokens,
-                                     token_generator, token_ids)
+    from agentrl_lib.rollout import (lm_continue, model_device, pad_episodes, prefix_record,
+                                     resolve_system_prompt, token_generator)
 
     if len(train_seeds) < cfg.num_prompts:
         raise ValueError(f"num_prompts={cfg.num_prompts} is more than the {len(train_seeds)} "
@@ -412,20 +411,8 @@ def lm_truncated_sampler(tokenizer, make_env, train_seeds, cfg, judge: NoisyJudg
                     env, obs, _ = replay(make_env, actions, len(actions), seed)
                     if observations is None:
                         observations = [obs]
-                    prefix = Episode(list(observations), list(actions), [0.0] * len(actions),
-                                     [None] * len(actions), [True] * len(actions),
-                                     [{}] * len(actions))
-                    text_episodes_to_tokens(tokenizer, [prefix], sys_prompt)
-                    if t > 0:
-                        seg = token_ids(tokenizer, observation_text(tokenizer, obs, sys_prompt))
-                        prefix.token_ids += seg
-                        prefix.loss_mask += [0] * len(seg)
-                        prefix.logps += [0.0] * len(seg)
-                    records.append(Episode(
-                        [observations[0]], [], [], [env.state_key()], [], [], group_id=point,
-                        task=getattr(env, "task", None), prompt_ids=prefix.prompt_ids,
-                        token_ids=prefix.token_ids, loss_mask=[0] * len(prefix.token_ids),
-                        logps=[0.0] * len(prefix.token_ids), turn_spans=[]))
+                    records.append(prefix_record(tokenizer, env, observations, actions, obs,
+                                                 sys_prompt, group_id=point))
                     envs.append(env)
                 with torch.no_grad():
                     lm_continue(model, tokenizer, envs, records, 1, cfg.max_new_tokens,
