@@ -7,6 +7,7 @@
     agentrl report [--runs runs] [--out report]
     agentrl cache [NAME ... | --shipped] [--ship]  build the cached SFT bases (agentrl-sft/<name>)
     agentrl new NN_name --module M --family F   a new paper's notebook, module, test, profiles
+    agentrl compare RUNS_BEFORE RUNS_AFTER [--rtol R]   which results.json numbers changed
 
 ``NOTEBOOK`` is a stem, a unique prefix (``01``) or ``all``. Several notebooks or seeds run one
 after another; a failure is reported and the others still run (the exit code is 1 if any failed).
@@ -151,6 +152,20 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from agentrl_lib.pipeline.compare import compare, summary
+
+    for folder in (args.before, args.after):
+        if not Path(folder).is_dir():
+            raise PipelineError(f"{folder}: not a runs folder")
+    result = compare(Path(args.before), Path(args.after), args.rtol)
+    if not result:
+        raise PipelineError(f"{args.before}: no results.json under it")
+    print(summary(result))
+    return 0 if all(not r["missing"] and not r["diffs"] and not r["flips"]
+                    for r in result.values()) else 1
+
+
 def cmd_new(args) -> int:
     from agentrl_lib.pipeline.scaffold import new_paper
 
@@ -261,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write reproductions/RESULTS.md and per-notebook CSVs and figures "
                         "for this profile (the committed summaries)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="which results.json numbers and claim verdicts differ "
+                       "between two runs folders (exit 1 if any)")
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--rtol", type=float, default=1e-9, help="relative tolerance (default 1e-9)")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("new", help="start a new paper: notebook skeleton, module, test, profiles "
                        "(and the README map regenerated)")
     p.add_argument("name", help="the notebook's stem, NN_short_name (e.g. 99_demo)")

@@ -1,0 +1,88 @@
+"""Two runs folders side by side: which ``results.json`` numbers and claim verdicts differ.
+
+After a change to shared code (CONTRIBUTING.md, "Before committing") run the same profile and
+seeds before and after, then ``agentrl compare RUNS_BEFORE RUNS_AFTER``: per notebook, the
+metrics and claim fields that changed beyond a relative tolerance (timings excluded: they measure
+the machine) and every claim whose ``holds`` flipped. A refactor should print "identical".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+TIMING = ("wall", "time", "_s", "ms_per", "seconds", "overhead", "timing")
+"""metric-name fragments of wall-clock measurements, left out of the comparison"""
+
+
+def flatten(obj, prefix: str = "") -> dict:
+    """Nested dicts (and lists of non-numbers) as {'a/b/0/c': leaf}; a list of numbers is a leaf.
+
+    >>> flatten({"a": {"b": [1, 2]}, "c": [{"d": 3}]})
+    {'a/b': [1, 2], 'c/0/d': 3}
+    """
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in flatten(val, f"{prefix}{key}/").items()}
+    if isinstance(obj, list) and not all(isinstance(x, (int, float)) or x is None for x in obj):
+        return {k: v for i, val in enumerate(obj) for k, v in flatten(val, f"{prefix}{i}/").items()}
+    return {prefix.rstrip("/"): obj}
+
+
+def same(a, b, rtol: float) -> bool:
+    """Equal, floats within ``rtol`` of the larger magnitude (at least 1), NaN equal to NaN."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y, rtol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        if not all(isinstance(x, (int, float)) for x in (a, b)):
+            return False
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
+    return a == b
+
+
+def _numbers(path: Path) -> tuple[dict, dict]:
+    data = json.loads(path.read_text())
+    claims = {c["id"]: c for c in data.get("claims", [])}
+    flat = flatten({"metrics": data.get("metrics", {}), "claims": claims})
+    return {k: v for k, v in flat.items() if not any(t in k.lower() for t in TIMING)}, claims
+
+
+def compare(before: Path, after: Path, rtol: float = 1e-9) -> dict:
+    """{run folder (profile/notebook/seed): {"missing": bool, "diffs": [(key, before, after)],
+    "flips": [(claim id, holds before, holds after)]}} over the runs of ``before``."""
+    out = {}
+    for rb in sorted(Path(before).glob("**/results.json")):
+        rel = rb.parent.relative_to(before)
+        ra = Path(after) / rel / "results.json"
+        if not ra.is_file():
+            out[str(rel)] = {"missing": True, "diffs": [], "flips": []}
+            continue
+        (fb, cb), (fa, ca) = _numbers(rb), _numbers(ra)
+        diffs = [(k, fb.get(k), fa.get(k)) for k in sorted(set(fb) | set(fa))
+                 if k not in fb or k not in fa or not same(fb[k], fa[k], rtol)]
+        flips = [(c, cb.get(c, {}).get("holds"), ca.get(c, {}).get("holds"))
+                 for c in sorted(set(cb) | set(ca))
+                 if cb.get(c, {}).get("holds") != ca.get(c, {}).get("holds")]
+        out[str(rel)] = {"missing": False, "diffs": diffs, "flips": flips}
+    return out
+
+
+def summary(result: dict, max_rows: int = 8) -> str:
+    """One line per run folder (identical, missing, or how many numbers differ), the first
+    ``max_rows`` differences under it, every flipped verdict, and a closing count."""
+    lines, flips, n_same = [], 0, 0
+    for run, r in result.items():
+        if r["missing"]:
+            lines.append(f"{run}: missing after")
+            continue
+        if not r["diffs"] and not r["flips"]:
+            n_same += 1
+            continue
+        lines.append(f"{run}: {len(r['diffs'])} numbers differ")
+        lines += [f"    {k}: {str(b)[:50]} -> {str(a)[:50]}" for k, b, a in r["diffs"][:max_rows]]
+        lines += [f"    verdict {c}: holds {b} -> {a}" for c, b, a in r["flips"]]
+        flips += len(r["flips"])
+    lines.append(f"{n_same} of {len(result)} runs identical; {flips} claim verdicts flipped")
+    return "\n".join(lines)
