@@ -223,6 +223,20 @@ def cmd_cache(args) -> int:
     return 0
 
 
+def cmd_tokenizer(args) -> int:
+    from agentrl_lib.algorithms import subword
+    from agentrl_lib.models.tiny_lm import BPE_DIR
+
+    if not args.rebuild:
+        print(f"the BPE tokenizer: {BPE_DIR} ({subword.VOCAB_SIZE} tokens); --rebuild retrains "
+              f"it on the project's corpora")
+        return 0
+    path = subword.build(Path(args.out) if args.out else BPE_DIR)
+    print(f"wrote {path / 'tokenizer.json'}; the BPE bases' cache keys follow its content, so "
+          f"they rebuild on next use (`agentrl cache`)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agentrl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also copy each checkpoint into the repository's bases/ folder, from where "
                         "a fresh clone's cache is filled without training (commit it)")
     p.set_defaults(func=cmd_cache)
+    p = sub.add_parser("tokenizer", help="where the BPE tokenizer lives; --rebuild retrains it")
+    p.add_argument("--rebuild", action="store_true",
+                   help="retrain it on the project's corpora (deterministic: the shipped files "
+                        "come back unchanged unless a corpus changed)")
+    p.add_argument("--out", default="", help="write there instead of the shipped folder")
+    p.set_defaults(func=cmd_tokenizer)
     return ap
 
 

@@ -467,7 +467,6 @@ BASE_MODELS = {
                                     seed_offset=3_000_000, tokenizer="char"),
     # the second substrate (BPE tokenizer, 2048 positions; issue 26)
     "arith-bpe": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500),
-    "chain-bpe": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500),
     "chain-mix-bpe": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
                                direct_fraction=0.5),
     "grid-agent-bpe": AgentSFTConfig(**_GRID3),
