@@ -262,8 +262,8 @@ def test_loss_zero_advantage_is_zero_and_gradient_only_from_masked_tokens(moving
 
 
 def test_cached_agent_model_is_the_notebooks_ci_start():
-    """`agentrl cache grid-agent-tiny` (run by make test) must build exactly the SFT start that
-    notebook 30's ci defaults ask for, or the first notebook run pays minutes to train it."""
+    """`agentrl cache grid-agent-bpe` (shipped; `make test` copies it) must be exactly the SFT start
+    that notebook 30's ci defaults ask for, or the first notebook run pays minutes to train it."""
     from agentrl_lib import cli
     from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig
     from agentrl_lib.pipeline.notebooks import load_notebook, repo_root
@@ -271,7 +271,7 @@ def test_cached_agent_model_is_the_notebooks_ci_start():
     root = repo_root()
     p = {k: v.default for k, v in load_notebook(root / "notebooks" / "30_multiturn_agent.ipynb",
                                                 root).params.items()}
-    cfg = BASE_MODELS["grid-agent-tiny"]
+    cfg = BASE_MODELS["grid-agent-bpe"]
     assert cfg.env_kwargs == dict(layout=p["layout"].split("|"), max_turns=p["max_turns"])
     assert (cfg.steps, cfg.epsilon, cfg.max_turns) == (p["sft_steps"], p["sft_epsilon"],
                                                        p["max_turns"])
@@ -419,7 +419,7 @@ def test_max_context_ends_an_episode_before_it_overflows(moving_lm):
               generator=torch.Generator().manual_seed(0))
     free = lm_rollout(model, tok, make_env(), **kw)
     kw["generator"] = torch.Generator().manual_seed(0)
-    cap = 300  # the first prompt (system + o_0) is ~180 tokens, each later turn ~110
+    cap = 100  # BPE: the first prompt (system + o_0) is 34 tokens, each turn ~30
     capped = lm_rollout(model, tok, make_env(), max_context=cap, **kw)
     assert any(len(ep.prompt_ids) + len(ep.token_ids) > cap for ep in free)  # the cap binds
     for f, c in zip(free, capped):

@@ -89,7 +89,7 @@ def test_mlp_on_features_ranks_unseen_responses():
 def test_lm_reward_model_from_a_tiny_lm(tmp_path):
     from agentrl_lib.models.tiny_lm import new_model
 
-    lm, tok = new_model("tiny-64", seed=0)
+    lm, tok = new_model("tiny-64", seed=0, tokenizer="char")  # the plain ChatML text below
     lm.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     a = rm.lm_reward_model(str(tmp_path), seed=3)

@@ -85,11 +85,12 @@ def test_tool_sft_mask_is_the_tool_call():
 
 
 def two_trl_steps(wrapper_cls, make, seeds, **kw):
-    """Two real TRL optimizer steps through environment_factory on a tiny random model, spying on
-    the seeds TRL resets ``wrapper_cls`` with. Returns (trainer, seeds seen)."""
+    """Two real TRL optimizer steps through environment_factory on a tiny random model on the BPE
+    tokenizer, spying on the seeds TRL resets ``wrapper_cls`` with. Returns (trainer, seeds seen)."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     model, tok = new_model("tiny-64", seed=0)
     ttok = trl_adapter.tool_tokenizer(tok)
+    assert ttok.chat_template == tok.chat_template  # the BPE tokenizer ships TRL's template
     seeds_seen = []
     orig_reset = wrapper_cls.reset
 

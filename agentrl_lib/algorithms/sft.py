@@ -465,7 +465,11 @@ BASE_MODELS = {
     "kg-agent-tiny": AgentSFTConfig(env="kg_search", env_kwargs=KG_AGENT_GAME, system_prompt="",
                                     epsilon=0.2, steps=1200, max_turns=6, lr=3e-3,
                                     seed_offset=3_000_000, tokenizer="char"),
-    # the second substrate (BPE tokenizer, 2048 positions; issue 26)
+    # the second substrate (BPE tokenizer, 2048 positions; issue 26), the first bases' recipes.
+    # chain-mix-bpe (notebooks 11-13): greedy 0.29 on the 200-problem 3-step held-out panel,
+    # sampled 0.245 (chain-mix-tiny: 0.405, 0.318), working the chain out on half the problems as
+    # before; its SFT loss ends at 0.15 a token (char: 0.07 a character). grid-agent-bpe
+    # (notebook 30): sampled success 0.76 on notebook 30's ci panel (48 seeds x 2).
     "arith-bpe": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500),
     "chain-mix-bpe": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
                                direct_fraction=0.5),
