@@ -7,7 +7,7 @@ from agentrl_lib.exercises import ExerciseError, check
 
 
 def test_nb10_logps_and_chat_example(notebook, answerable):
-    from agentrl_lib.models.tiny_lm import char_tokenizer
+    from agentrl_lib.models.tiny_lm import load_tokenizer
     from agentrl_lib.rollout import chat_example, logps_from_logits
 
     def right_logps(logits, ids, temperature, scale=True):
@@ -17,12 +17,14 @@ def test_nb10_logps_and_chat_example(notebook, answerable):
         picked = np.take_along_axis(logp, np.asarray(ids)[..., None], -1)[..., 0]
         return picked, -(np.exp(logp) * logp).sum(-1)
 
-    tok = char_tokenizer()
+    tok = load_tokenizer("bpe")  # the notebook's base is on the BPE
 
     def right_chat(prompt, completion, eos_in_mask=True):
-        head = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        head = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                f"assistant.<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
+                "<|im_start|>assistant\n")  # Qwen2.5's template adds its default system message
         ids = tok(head + completion + tok.eos_token, add_special_tokens=False)["input_ids"]
-        n = len(completion) + 1  # one token per character, then the end-of-turn token
+        n = len(completion) + 1  # digits are one token each, then the end-of-turn token
         return ids, [0] * (len(ids) - n) + [1] * (n - 1) + [1 if eos_in_mask else 0]
 
     # the reference works in float32: the notebook checks with atol=1e-5, and so does this
