@@ -217,6 +217,25 @@ class _Cache:
             self.kv.batch_select_indices(idx)
             self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
 
+    def compact(self) -> None:
+        """Move each row's cached real tokens to the right end, in order, and drop the columns
+        that are then padding in every row: the cache shrinks from the sum of every turn's
+        longest segment to the longest row. Attention to a masked column has weight exactly 0
+        and the keys carry their rotary positions, so every row attends to the same keys and
+        values as before (the sums in another order: rounding)."""
+        if self.kv is None or not hasattr(self.kv, "layers"):
+            return
+        L, n = self.attn.shape[1], int(self.attn.sum(-1).max())
+        if n == L:
+            return
+        # a stable sort puts each row's padding first and keeps its real columns in order
+        order = torch.sort(self.attn, dim=1, stable=True).indices[:, L - n:]  # (B, n)
+        self.attn = self.attn.gather(1, order)
+        for layer in self.kv.layers:
+            k, v = layer.keys, layer.values  # (B, heads, L, d)
+            at = order[:, None, :, None].expand(k.shape[0], k.shape[1], n, k.shape[3])
+            layer.keys, layer.values = k.gather(2, at), v.gather(2, at)
+
 
 def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
     """Append left-padded segments ids (B, S) with mask (B, S) to the cache; returns the
@@ -328,10 +347,14 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
     device = model_device(model)
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    state = _Cache()
-    logits = _prefill(model, state, prompt_ids, prompt_mask.clone())
-    completion_ids, logps, ents, _ = _decode(model, state, logits, max_new_tokens, temperature,
-                                             greedy, generator, eos_id, pad_id)  # (B, T) each
+    with torch.inference_mode():  # no autograd bookkeeping at all while decoding
+        state = _Cache()
+        logits = _prefill(model, state, prompt_ids, prompt_mask.clone())
+        completion_ids, logps, ents, _ = _decode(model, state, logits, max_new_tokens,
+                                                 temperature, greedy, generator, eos_id,
+                                                 pad_id)  # (B, T) each
+    # clones made outside inference mode are ordinary tensors, usable in the loss's graph
+    completion_ids, logps, ents = completion_ids.clone(), logps.clone(), ents.clone()
     mask = completion_mask_from_ids(completion_ids, eos_id)
     texts = tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask),
                                    skip_special_tokens=True)
@@ -370,15 +393,125 @@ def join_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
+def length_buckets(lengths: list[int], overhead: int = 2048) -> list[list[int]]:
+    """Rows grouped into micro-batches for a right-padded forward pass: sorted by length (longest
+    first), then cut where the total cost sum_k (rows_k x longest_k + ``overhead``) is least
+    (dynamic programming over the sorted order). The cost counts padded tokens plus a fixed
+    per-call cost in tokens, so a batch of similar lengths stays one call and a batch of very
+    different lengths (multi-turn conversations of 1-10 turns) is split.
+
+    >>> length_buckets([10, 900, 12, 880], overhead=100)
+    [[1, 3], [2, 0]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)  # best[j]: cost of the first j rows
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i..j-1 in one bucket, padded to the longest, order[i]
+            c = best[i] + (j - i) * lengths[order[i]] + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out, j = [], n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
+
+
+def _contiguous(prompt_mask: Tensor, completion_mask: Tensor) -> bool:
+    """Prompts left-padded and completions right-padded (every record of this module is)."""
+    P, T = prompt_mask.shape[1], completion_mask.shape[1]
+    p, c = prompt_mask.sum(-1, keepdim=True), completion_mask.sum(-1, keepdim=True)
+    ar_p = torch.arange(P, device=p.device)
+    ar_t = torch.arange(T, device=c.device)
+    return bool(((prompt_mask != 0) == (ar_p >= P - p)).all()
+                and ((completion_mask != 0) == (ar_t < c)).all())
+
+
+def _packs(model) -> bool:
+    """Whether ``packed_sequence_logps`` can run the model as decoder + output embedding (logits =
+    lm_head(hidden), no soft-capping or logit scale after it)."""
+    cfg = getattr(model, "config", None)
+    return (hasattr(model, "base_model") and model.base_model is not model
+            and getattr(model, "get_output_embeddings", lambda: None)() is not None
+            and getattr(cfg, "final_logit_softcapping", None) is None
+            and getattr(cfg, "logit_scale", None) is None)
+
+
+def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
+                          completion_ids: Tensor, completion_mask: Tensor,
+                          temperature: float = 1.0, loss_mask: Tensor | None = None,
+                          overhead: int = 2048) -> tuple[Tensor, Tensor]:
+    """``sequence_logps`` without padding inside a sequence and without logits nobody reads: each
+    row's real prompt and completion tokens are laid out from position 0 and right-padded within a
+    length bucket (``length_buckets``), so causal attention alone (no attention mask) gives every
+    real token exactly its unpadded context and positions; the output embedding (lm_head) runs only
+    at the positions that predict a token with weight completion_mask x loss_mask != 0. Same
+    numbers as the padded pass to rounding (other matmul shapes), same gradients.
+    Needs prompts left-padded and completions right-padded (``_contiguous``).
+
+    Returns (logps, entropies), each (B, T), zero where the weight is 0 (times it elsewhere).
+    """
+    B, T = completion_ids.shape
+    P = prompt_ids.shape[1]
+    w = completion_mask.float() if loss_mask is None else completion_mask.float() * loss_mask
+    p_len = prompt_mask.sum(-1).tolist()  # (B,)
+    c_len = completion_mask.sum(-1).tolist()
+    decoder, head = model.base_model, model.get_output_embeddings()
+    rows_b, rows_t, logps, ents = [], [], [], []
+    for bucket in length_buckets([p + c for p, c in zip(p_len, c_len)], overhead):
+        L = p_len[bucket[0]] + c_len[bucket[0]]
+        # right padding (id 0) comes after every real token: causal attention never reads it
+        ids = torch.zeros(len(bucket), L, dtype=torch.long, device=prompt_ids.device)
+        for k, b in enumerate(bucket):
+            p, c = p_len[b], c_len[b]
+            ids[k, :p + c] = torch.cat([prompt_ids[b, P - p:], completion_ids[b, :c]])
+        sel = w[bucket].nonzero()  # (K, 2): (row in bucket, t) of the scored tokens
+        if sel.shape[0] == 0:
+            continue
+        r, t = sel[:, 0], sel[:, 1]
+        at = torch.tensor([p_len[b] - 1 for b in bucket], device=ids.device)[r] + t  # predicts t
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state  # (k, L, H)
+        logp_all = F.log_softmax(head(hidden[r, at]).float() / temperature, -1)  # (K, V)
+        b_idx = torch.tensor(bucket, device=ids.device)[r]
+        tgt = completion_ids[b_idx, t]
+        wk = w[b_idx, t]
+        logps.append(logp_all.gather(-1, tgt[:, None]).squeeze(-1) * wk)
+        ents.append(-(logp_all.exp() * logp_all).sum(-1) * wk)
+        rows_b.append(b_idx)
+        rows_t.append(t)
+    out_lp = torch.zeros(B, T, device=completion_ids.device)
+    out_ent = torch.zeros(B, T, device=completion_ids.device)
+    if logps:
+        idx = (torch.cat(rows_b), torch.cat(rows_t))
+        out_lp = out_lp.index_put(idx, torch.cat(logps))
+        out_ent = out_ent.index_put(idx, torch.cat(ents))
+    return out_lp, out_ent
+
+
 def sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                    completion_mask: Tensor, temperature: float = 1.0,
                    loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients,
-    in one forward pass over prompt + completion.
+    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients.
+    ``packed_sequence_logps`` (length buckets, no attention mask, logits only where scored) when
+    the record and the model allow it, else one padded forward pass over prompt + completion.
 
     Returns (logps, entropies), each (B, T), zero where completion_mask (and loss_mask, if given)
     is 0.
     """
+    if _packs(model) and _contiguous(prompt_mask, completion_mask):
+        return packed_sequence_logps(model, prompt_ids, prompt_mask, completion_ids,
+                                     completion_mask, temperature, loss_mask)
+    return padded_sequence_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                 temperature, loss_mask)
+
+
+def padded_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                          completion_mask: Tensor, temperature: float = 1.0,
+                          loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``sequence_logps`` in one forward pass over the padded prompt + completion (attention mask,
+    positions counting real tokens, logits everywhere): the reference the packed pass is tested
+    against, and the path for records or models it does not take."""
     ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, P+T, V)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
@@ -578,7 +711,7 @@ def _new_episodes(make_env, seeds, group_size):
     return envs, episodes
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
           generator, system_prompt, reuse_cache: bool, timers: dict | None = None,
           max_context: int | None = None, desc: str | None = None):
@@ -669,6 +802,8 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
             pending[i] = carry + seg
         if reuse_cache and still and len(still) < len(running):
             state.select(torch.tensor([k for k, _ in still], device=state.attn.device))
+        if reuse_cache and still:
+            state.compact()
         running, turn = [i for _, i in still], turn + 1
     if bar is not None:
         bar.close()
