@@ -237,6 +237,13 @@ class _Cache:
             layer.keys, layer.values = k.gather(2, at), v.gather(2, at)
 
 
+def _keeps_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
     """Append left-padded segments ids (B, S) with mask (B, S) to the cache; returns the
     next-token logits (B, V) after each row's last real token."""
@@ -246,8 +253,10 @@ def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
     else:
         state.attn = torch.cat([state.attn, seg_mask], 1)
     pos = (state.next_pos[:, None] + seg_mask.cumsum(-1) - 1).clamp(min=0)  # (B, S) real tokens only
+    # only the last position's logits are read: the output embedding skips the other S - 1
+    keep = {"logits_to_keep": 1} if _keeps_logits(model) else {}
     out = model(input_ids=ids, attention_mask=state.attn, position_ids=pos,
-                past_key_values=state.kv, use_cache=True)
+                past_key_values=state.kv, use_cache=True, **keep)
     state.kv = out.past_key_values
     state.next_pos = state.next_pos + seg_mask.sum(-1)
     return out.logits[:, -1]
