@@ -14,10 +14,11 @@ def one_torch_thread():
     torch.set_num_threads(old)
 
 
-@pytest.fixture
-def tiny_lm():
-    """A freshly initialised tiny-64 causal LM (seed 0, eval mode) and its tokenizer."""
+@pytest.fixture(params=["bpe", "char"])
+def tiny_lm(request):
+    """A freshly initialised tiny-64 causal LM (seed 0, eval mode) and its tokenizer, on each of
+    the two tokenizers (``tiny_lm.TOKENIZERS``)."""
     from agentrl_lib.models.tiny_lm import new_model
 
-    model, tok = new_model("tiny-64", seed=0)
+    model, tok = new_model("tiny-64", seed=0, tokenizer=request.param)
     return model.eval(), tok

@@ -237,9 +237,9 @@ class _EchoTools:
 
 def test_lm_tree_sampler_forks_copy_their_parent_and_fill_the_budget():
     from agentrl_lib.algorithms import grpo
-    from agentrl_lib.models.tiny_lm import build_tokenizer, new_model
+    from agentrl_lib.models.tiny_lm import char_tokenizer, new_model
 
-    model, tok = new_model("tiny-64", seed=0, tokenizer=build_tokenizer())
+    model, tok = new_model("tiny-64", seed=0, tokenizer=char_tokenizer())
     cfg = grpo.GRPOConfig(num_prompts=2, group_size=6, max_new_tokens=5, max_turns=3, seed=0)
     tcfg = arpo.ARPOConfig(num_global=2, num_branches=2, alpha=1.0, beta=0.0, tau=0.5, group_size=6)
     batch = arpo.lm_tree_sampler(tok, _EchoTools, list(range(10)), cfg, tcfg)(model)

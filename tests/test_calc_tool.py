@@ -232,7 +232,7 @@ def test_calc_agent_base_config_and_its_demonstrations():
     """``calc-agent-tiny`` imitates the 20%-noisy scripted policy of notebook 26's environment:
     the demonstrations are mostly right, not all, and nearly all fit the tiny LM's 512 positions."""
     from agentrl_lib.algorithms import sft
-    from agentrl_lib.models.tiny_lm import build_tokenizer
+    from agentrl_lib.models.tiny_lm import char_tokenizer
     from agentrl_lib.rollout import play_episodes, text_episodes_to_tokens
 
     cfg = sft.BASE_MODELS["calc-agent-tiny"]
@@ -242,7 +242,7 @@ def test_calc_agent_base_config_and_its_demonstrations():
     eps = play_episodes(lambda: sft.sft_env(cfg.env, **cfg.env_kwargs),
                         sft.scripted_policy(cfg.epsilon, np.random.default_rng(0)),
                         [cfg.seed_offset + i for i in range(200)], 1, cfg.max_turns)
-    text_episodes_to_tokens(build_tokenizer(), eps, cfg.system_prompt)
+    text_episodes_to_tokens(char_tokenizer(), eps, cfg.system_prompt)
     lengths = np.array([len(e.prompt_ids) + len(e.token_ids) for e in eps])
     assert np.mean(lengths <= 512) > 0.95
     assert 0.7 < np.mean([e.success for e in eps]) < 0.95  # noisy demonstrations, mostly right

@@ -2,13 +2,14 @@
 checkpoint (``init``): the documents, the cache, the hand-over of weights, and the clear refusals."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from agentrl_lib.algorithms import sft
 from agentrl_lib.algorithms.sft import PretrainConfig, SFTConfig
-from agentrl_lib.models.tiny_lm import SIZES, build_tokenizer, new_model
+from agentrl_lib.models.tiny_lm import SIZES, char_tokenizer, new_model
 
 TINY = dict(size="tiny-64", device="cpu")
 
@@ -21,7 +22,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_documents_are_worked_tasks_and_agent_conversations():
-    tok = build_tokenizer()
+    tok = char_tokenizer()
     cfg = PretrainConfig(corpora=("chain", "grid"), docs_per_corpus=8, **TINY)
     docs = sft.pretrain_documents(cfg, tok)
     assert len(docs) == 8 + 8  # 2 chain problems at each of 4 difficulties, 8 episodes
@@ -53,9 +54,14 @@ def test_pretrain_then_sft_from_it(cache):
 
 
 def test_old_cache_keys_are_unchanged_by_the_new_fields():
-    base = SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500, direct_fraction=0.5)
+    base = SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500, direct_fraction=0.5,
+                     tokenizer="char")
     assert sft.config_key(base) == sft.config_key(sft.BASE_MODELS["chain-mix-tiny"])
-    assert "init" not in sft._identity(base) and "device" not in sft._identity(base)
+    assert sft.config_key(base) == "934a25a70f9273a5"  # the shipped folder's key
+    assert all(k not in sft._identity(base) for k in ("init", "device", "tokenizer"))
+    # a BPE base's key names the tokenizer's content: a rebuilt tokenizer rebuilds the bases
+    bpe = replace(base, tokenizer="bpe")
+    assert sft._identity(bpe)["tokenizer"] == f"bpe@{sft.tokenizer_fingerprint()}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

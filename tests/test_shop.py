@@ -198,7 +198,7 @@ def test_relative_features_one_hot_blocks():
 def test_shop_agent_base_config_and_its_demonstrations_fit_the_context():
     from agentrl_lib.algorithms.sft import BASE_MODELS, AgentSFTConfig, scripted_policy
     from agentrl_lib.envs import make_agent_env
-    from agentrl_lib.models.tiny_lm import build_tokenizer
+    from agentrl_lib.models.tiny_lm import char_tokenizer
     from agentrl_lib.rollout import text_episodes_to_tokens
 
     cfg = BASE_MODELS["shop-agent-tiny"]
@@ -207,7 +207,7 @@ def test_shop_agent_base_config_and_its_demonstrations_fit_the_context():
     mk = lambda: make_agent_env(cfg.env, **cfg.env_kwargs)  # noqa: E731
     eps = play_episodes(mk, scripted_policy(cfg.epsilon, np.random.default_rng(0)),
                         [cfg.seed_offset + i for i in range(64)], 1, cfg.max_turns)
-    text_episodes_to_tokens(build_tokenizer(), eps, cfg.system_prompt)
+    text_episodes_to_tokens(char_tokenizer(), eps, cfg.system_prompt)
     lengths = [len(e.prompt_ids) + len(e.token_ids) for e in eps]
     assert max(lengths) <= 512  # the tiny LM's positions
     assert 0.5 < np.mean([e.success for e in eps]) < 1.0  # noisy demonstrations, mostly right

@@ -15,7 +15,7 @@ from agentrl_lib.algorithms import trl_adapter  # noqa: E402
 from agentrl_lib.algorithms.grpo import GRPOConfig  # noqa: E402
 from agentrl_lib.envs import tool_env  # noqa: E402
 from agentrl_lib.envs.multiturn import GridAgentEnv  # noqa: E402
-from agentrl_lib.models.tiny_lm import build_tokenizer, new_model  # noqa: E402
+from agentrl_lib.models.tiny_lm import char_tokenizer, new_model  # noqa: E402
 
 LAYOUT = ["...", ".#.", "..."]
 
@@ -27,7 +27,7 @@ def make_env():
 def test_char_template_lacks_tool_support_and_the_tool_template_has_it():
     from trl.chat_template_utils import supports_tool_calling
 
-    tok = build_tokenizer()
+    tok = char_tokenizer()
     assert not supports_tool_calling(tok)  # role + content only: tool_calls and the tool role vanish
     ttok = trl_adapter.tool_tokenizer(tok)
     assert supports_tool_calling(ttok) and tok.chat_template != ttok.chat_template
@@ -42,7 +42,7 @@ def test_char_template_lacks_tool_support_and_the_tool_template_has_it():
 def test_tool_calls_parse_with_the_char_tokenizer():
     from trl.chat_template_utils import add_response_schema, parse_response
 
-    ttok = add_response_schema(trl_adapter.tool_tokenizer(build_tokenizer()))
+    ttok = add_response_schema(trl_adapter.tool_tokenizer(char_tokenizer()))
     call = '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call><|im_end|>'
     prefix = ttok("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
                   add_special_tokens=False)["input_ids"]

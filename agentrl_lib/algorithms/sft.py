@@ -40,7 +40,7 @@ from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_com
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
 from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
     save_checkpoint
-from agentrl_lib.models.tiny_lm import SIZES, new_model
+from agentrl_lib.models.tiny_lm import BPE_DIR, SIZES, kind_of, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, model_device, pad_examples, \
     play_episodes, text_episodes_to_tokens
 from agentrl_lib.utils import optimizer_step, progress
@@ -115,6 +115,9 @@ class SFTConfig:
     folder) instead of a fresh ``size`` model"""
     device: str = "cpu"
     """where it is trained: 'cpu', or 'cuda' for the larger bases (refused without a GPU)"""
+    tokenizer: str = "bpe"
+    """the tokenizer of a fresh model (``tiny_lm.TOKENIZERS``: "bpe", or "char" for the first
+    substrate's bases); a base started from ``init`` must be on the same one"""
     completions: str = "reference"
     """what the model imitates: 'reference' (``text_tasks.reference_completion``), or 'human'
     (program task only: every one of ``ProgramSynthTask.human_programs``, right and buggy alike,
@@ -124,7 +127,7 @@ class SFTConfig:
 # Fields added after FORMAT_VERSION 1 enter a config's identity (cache key, recorded config) only
 # when set, so checkpoints cached before they existed stay valid.
 _ADDED_FIELDS = {"direct_fraction": 0.0, "env": "grid", "init": "", "device": "cpu",
-                 "completions": "reference"}
+                 "completions": "reference", "tokenizer": "char"}
 
 
 def _identity(cfg) -> dict:
@@ -133,7 +136,14 @@ def _identity(cfg) -> dict:
     parent = _init_base(out.get("init", ""))
     if parent is not None:  # a changed start rebuilds this base
         out["init"] = f"{out['init']}@{config_key(parent)}"
+    if out.get("tokenizer") == "bpe":  # and so does a rebuilt tokenizer
+        out["tokenizer"] = f"bpe@{tokenizer_fingerprint()}"
     return out
+
+
+def tokenizer_fingerprint() -> str:
+    """The first 8 hex digits of the shipped BPE tokenizer.json's SHA-256."""
+    return hashlib.sha256((BPE_DIR / "tokenizer.json").read_bytes()).hexdigest()[:8]
 
 
 def _init_base(init: str):
@@ -233,6 +243,8 @@ class AgentSFTConfig:
     checkpoint folder"""
     device: str = "cpu"
     """where it is trained (as ``SFTConfig.device``)"""
+    tokenizer: str = "bpe"
+    """as ``SFTConfig.tokenizer``"""
 
 
 def sft_env(name: str, **kwargs):
@@ -284,7 +296,7 @@ def start_model(cfg):
     ``cfg.seed``, or the checkpoint ``cfg.init`` (whose size must be ``cfg.size``)."""
     device = train_device(cfg.device)
     if not getattr(cfg, "init", ""):
-        model, tok = new_model(cfg.size, seed=cfg.seed)
+        model, tok = new_model(cfg.size, seed=cfg.seed, tokenizer=cfg.tokenizer)
         return model.to(device), tok
     parent = _init_base(cfg.init)
     model, tok = load_policy(str(checkpoint(parent, verbose=False)) if parent else cfg.init,
@@ -294,6 +306,9 @@ def start_model(cfg):
     if got != want:
         raise ValueError(f"init {cfg.init!r} has (hidden, layers) = {got}, but size {cfg.size!r} "
                          f"is {want}")
+    if kind_of(tok) != cfg.tokenizer:
+        raise ValueError(f"init {cfg.init!r} is on the {kind_of(tok)!r} tokenizer, but the config "
+                         f"asks for {cfg.tokenizer!r}")
     return model, tok
 
 
@@ -315,6 +330,8 @@ class PretrainConfig:
     chosen here, not tuned)"""
     seed: int = 0
     device: str = "cuda"
+    tokenizer: str = "bpe"
+    """as ``SFTConfig.tokenizer``"""
 
 
 def pretrain_documents(cfg: PretrainConfig, tokenizer) -> list[list[int]]:
@@ -415,39 +432,51 @@ KG_AGENT_GAME = dict(num_entities=100, num_relations=2, hops=(1, 2), name_syllab
 # *-medium: the gpu profiles' starts, a 34M-parameter model pretrained on a GPU (about 1M tokens
 # a step budget of 4000 x 128 documents; minutes on one H100, never built on the CPU) and then
 # fine-tuned like the tiny bases; the SFT settings are the tiny ones at a lower lr (not tuned).
-_MEDIUM = dict(size="medium-512", init="agentrl-sft/pretrain-medium", device="cuda", lr=3e-4)
+_MEDIUM = dict(size="medium-512", init="agentrl-sft/pretrain-medium", device="cuda", lr=3e-4,
+               tokenizer="bpe")
+_CHAR = dict(size="tiny-64", tokenizer="char")
+_GRID3 = dict(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4), epsilon=0.3, steps=1100,
+              max_turns=4, lr=1e-3)
 BASE_MODELS = {
-    "arith-tiny": SFTConfig(size="tiny-64", task="arithmetic", difficulties=(1, 2), steps=1500),
-    "chain-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500),
-    "chain-mix-tiny": SFTConfig(size="tiny-64", task="chain", difficulties=(1, 2, 3), steps=1500,
-                                direct_fraction=0.5),
-    "prog-tiny": SFTConfig(size="tiny-64", task="program", difficulties=(2, 3, 4), steps=800,
-                           completions="human"),
-    "arith-small": SFTConfig(size="small-128", task="arithmetic", difficulties=(1, 2, 3),
-                             steps=3000, lr=1e-3),
-    "grid-agent-tiny": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
-                                      epsilon=0.3, steps=1100, max_turns=4, lr=1e-3),
+    # the first substrate (character tokenizer, 512 positions): the notebooks not yet moved
+    "arith-tiny": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_CHAR),
+    "chain-tiny": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500, **_CHAR),
+    "chain-mix-tiny": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
+                                direct_fraction=0.5, **_CHAR),
+    "prog-tiny": SFTConfig(task="program", difficulties=(2, 3, 4), steps=800, completions="human",
+                           **_CHAR),
+    "arith-small": SFTConfig(size="small-128", tokenizer="char", task="arithmetic",
+                             difficulties=(1, 2, 3), steps=3000, lr=1e-3),
+    "grid-agent-tiny": AgentSFTConfig(**_GRID3, tokenizer="char"),
     "shop-agent-tiny": AgentSFTConfig(env="shop", env_kwargs=dict(
         catalog=make_catalog(2, 2, 2, 2, 2, seed=0), max_turns=6, obs_format="short"),
-        system_prompt=ShopEnv.system_prompt, epsilon=0.1, steps=400, max_turns=6, lr=1e-3),
+        system_prompt=ShopEnv.system_prompt, epsilon=0.1, steps=400, max_turns=6, lr=1e-3,
+        tokenizer="char"),
     "grid5-agent-tiny": AgentSFTConfig(
         env_kwargs=dict(layout=[".....", ".#.#.", ".....", "..#..", "....."], max_turns=10),
-        epsilon=0.3, steps=800, batch_size=8, max_turns=10, lr=1e-3, init="grid-agent-tiny"),
+        epsilon=0.3, steps=800, batch_size=8, max_turns=10, lr=1e-3, init="grid-agent-tiny",
+        tokenizer="char"),
     "tq-agent-tiny": AgentSFTConfig(env="twenty_questions", env_kwargs=TQ_AGENT_GAME,
                                     system_prompt=TwentyQuestionsEnv.system_prompt, epsilon=0.5,
-                                    steps=800, max_turns=3, lr=2e-3),
+                                    steps=800, max_turns=3, lr=2e-3, tokenizer="char"),
     "calc-agent-tiny": AgentSFTConfig(env="calc_tool", env_kwargs=CALC_AGENT_GAME, system_prompt="",
                                       epsilon=0.2, steps=1000, max_turns=6, lr=3e-3,
-                                      seed_offset=3_000_000),
+                                      seed_offset=3_000_000, tokenizer="char"),
     "kg-agent-tiny": AgentSFTConfig(env="kg_search", env_kwargs=KG_AGENT_GAME, system_prompt="",
                                     epsilon=0.2, steps=1200, max_turns=6, lr=3e-3,
-                                    seed_offset=3_000_000),
+                                    seed_offset=3_000_000, tokenizer="char"),
+    # the second substrate (BPE tokenizer, 2048 positions; issue 26)
+    "arith-bpe": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500),
+    "chain-bpe": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500),
+    "chain-mix-bpe": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
+                               direct_fraction=0.5),
+    "grid-agent-bpe": AgentSFTConfig(**_GRID3),
+    # the gpu profiles' starts, on the BPE tokenizer
     "pretrain-medium": PretrainConfig(size="medium-512", device="cuda"),
     "arith-medium": SFTConfig(task="arithmetic", difficulties=(1, 2), steps=1500, **_MEDIUM),
     "chain-mix-medium": SFTConfig(task="chain", difficulties=(1, 2, 3), steps=1500,
                                   direct_fraction=0.5, **_MEDIUM),
-    "grid-agent-medium": AgentSFTConfig(env_kwargs=dict(layout=["...", ".#.", "..."], max_turns=4),
-                                        epsilon=0.3, steps=1100, max_turns=4, **_MEDIUM),
+    "grid-agent-medium": AgentSFTConfig(**{**_GRID3, **_MEDIUM}),
 }
 # the agent LM parts' gpu starts: the tiny agent bases' settings on the GPU-pretrained model
 BASE_MODELS["tq-agent-medium"] = replace(BASE_MODELS["tq-agent-tiny"], **_MEDIUM)

@@ -28,18 +28,21 @@ def cache_root() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")  # empty = unset
 
 
-def is_char_tokenizer(folder) -> bool:
-    """True when ``folder/tokenizer.json`` holds this project's character-level tokenizer.
+def is_plain_tokenizer(folder) -> bool:
+    """True when ``folder`` holds a tokenizer saved as a plain ``tokenizers`` backend (the
+    project's character and BPE tokenizers: ``tokenizer_class`` "TokenizersBackend" or
+    "PreTrainedTokenizerFast"), to be loaded exactly as saved.
 
-    Needed because transformers 5's ``AutoTokenizer`` rebuilds the tokenizer from the model type in
-    config.json (qwen2 -> a byte-level BPE pre-tokenizer), silently dropping our single-character
-    split: newlines vanish and the model sees text it was never trained on.
+    Needed because transformers 5's ``AutoTokenizer`` rebuilds such a tokenizer from the model type
+    in config.json (qwen2 -> Qwen's own pre-tokenizer), silently replacing ours: the character
+    split's newlines vanish, the BPE's cross-word merges never fire, and the model sees token
+    sequences it was never trained on.
     """
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+    path = Path(folder) / "tokenizer_config.json"
+    if not (Path(folder) / "tokenizer.json").is_file() or not path.is_file():
         return False
-    pre = json.loads(path.read_text()).get("pre_tokenizer") or {}
-    return pre.get("type") == "Split" and pre.get("pattern") == {"Regex": r"[\s\S]"}
+    cls = json.loads(path.read_text()).get("tokenizer_class")
+    return cls in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kwargs):
@@ -65,7 +68,7 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kw
         raise FileNotFoundError(f"no checkpoint at {path}: expected a folder with config.json "
                                 f"(saved by save_pretrained)")
     try:
-        if is_char_tokenizer(path):
+        if is_plain_tokenizer(path):
             from transformers import PreTrainedTokenizerFast
 
             tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)

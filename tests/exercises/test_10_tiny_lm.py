@@ -7,7 +7,7 @@ from agentrl_lib.exercises import ExerciseError, check
 
 
 def test_nb10_logps_and_chat_example(notebook, answerable):
-    from agentrl_lib.models.tiny_lm import build_tokenizer
+    from agentrl_lib.models.tiny_lm import char_tokenizer
     from agentrl_lib.rollout import chat_example, logps_from_logits
 
     def right_logps(logits, ids, temperature, scale=True):
@@ -17,7 +17,7 @@ def test_nb10_logps_and_chat_example(notebook, answerable):
         picked = np.take_along_axis(logp, np.asarray(ids)[..., None], -1)[..., 0]
         return picked, -(np.exp(logp) * logp).sum(-1)
 
-    tok = build_tokenizer()
+    tok = char_tokenizer()
 
     def right_chat(prompt, completion, eos_in_mask=True):
         head = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
