@@ -59,18 +59,45 @@ def token_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+_PROBES = ("\n  \u00a4probe-1 {{ x }} %} <&'\"> \t", " \u00a4probe-2\n")
+_FRAMES: dict = {}
+"""(head, tail) of each template rendering, by (kind, template, special tokens, system prompt)"""
+
+
+def _framed(tokenizer, kind: str, system_prompt, render, content: str) -> str:
+    """``render(content)`` as ``head + content + tail``, the frame rendered once per template and
+    system prompt: a chat template that inserts a message's content verbatim (checked with two
+    probes with edge whitespace and template syntax) renders every content the same way around it,
+    and the jinja rendering is most of a multi-turn rollout's tokenizer time. A template that does
+    not (trims, escapes, branches on the content) is rendered each time."""
+    key = (kind, tokenizer.chat_template, tokenizer.eos_token, tokenizer.bos_token, system_prompt)
+    if key not in _FRAMES:
+        frames = []
+        for probe in _PROBES:
+            text = render(probe)
+            at = text.find(probe)
+            frames.append((text[:at], text[at + len(probe):]) if text.count(probe) == 1 else None)
+        _FRAMES[key] = frames[0] if frames[0] is not None and frames[0] == frames[1] else None
+    frame = _FRAMES[key]
+    return render(content) if frame is None else frame[0] + content + frame[1]
+
+
 def format_prompts(tokenizer, problems: list[dict]) -> list[str]:
     """Each problem's ``prompt`` as a one-message chat, ready for the assistant's answer."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                          add_generation_prompt=True, tokenize=False)
-            for p in problems]
+    def render(x):
+        return tokenizer.apply_chat_template([{"role": "user", "content": x}],
+                                             add_generation_prompt=True, tokenize=False)
+    return [_framed(tokenizer, "prompt", None, render, p["prompt"]) for p in problems]
 
 
 def prompt_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
     """The first prompt: system message (if any) + the first observation + the generation prompt."""
-    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
-        [{"role": "user", "content": observation}]
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    sys = [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+    def render(x):
+        return tokenizer.apply_chat_template(sys + [{"role": "user", "content": x}],
+                                             add_generation_prompt=True, tokenize=False)
+    return _framed(tokenizer, "first", system_prompt or None, render, observation)
 
 
 def observation_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
@@ -78,6 +105,11 @@ def observation_text(tokenizer, observation: str, system_prompt: str | None = No
     ChatML ``"\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n"``. Derived from the
     template itself (rendered with and without the new user turn), so other templates work as long
     as they render a conversation as a prefix of its continuation."""
+    return _framed(tokenizer, "next", system_prompt or None,
+                   lambda x: _observation_text(tokenizer, x, system_prompt), observation)
+
+
+def _observation_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
     sys = [{"role": "system", "content": system_prompt}] if system_prompt else []
     base = sys + [{"role": "user", "content": "o"}, {"role": "assistant", "content": "A"}]
     r1 = tokenizer.apply_chat_template(base, tokenize=False)
@@ -736,8 +768,10 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
         timers[key] = timers.get(key, 0.0) + tick() - t0
 
     t0 = tick()
-    for ep in episodes:
-        ep.prompt_ids = token_ids(tokenizer, prompt_text(tokenizer, ep.observations[0], system_prompt))
+    prompts = tokenizer([prompt_text(tokenizer, ep.observations[0], system_prompt)
+                         for ep in episodes], add_special_tokens=False)["input_ids"]
+    for ep, ids in zip(episodes, prompts):
+        ep.prompt_ids = ids
     pending = [list(ep.prompt_ids) for ep in episodes]  # tokens of each row not yet in the cache
     add("tokenizer", t0)
     running = list(range(len(envs)))
@@ -764,22 +798,30 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
         toks, lps, unfed = toks.cpu(), lps.cpu(), unfed.cpu()  # (B, T), (B, T), (B,)
         add("decode", t0)
         still = []
+        # the whole batch at once: one decode call, every env stepped, one encode call
+        t0 = tick()
+        rows = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in toks.tolist()]
+        texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+        add("tokenizer", t0)
+        t0 = tick()
+        steps = [envs[i].step(text) for i, text in zip(running, texts)]
+        add("env", t0)
+        t0 = tick()
+        live = [k for k, (_, _, done, _) in enumerate(steps) if not done]
+        segs = dict(zip(live, tokenizer(
+            [observation_text(tokenizer, steps[k][0], system_prompt) for k in live],
+            add_special_tokens=False)["input_ids"] if live else []))
+        add("tokenizer", t0)
+        lps = lps.tolist()
         for k, i in enumerate(running):
-            ep, env = episodes[i], envs[i]
-            t0 = tick()
-            row = toks[k].tolist()
-            n = row.index(eos_id) + 1 if eos_id in row else len(row)
-            ids, ended = row[:n], eos_id in row[:n]
+            ep, ids, text = episodes[i], rows[k], texts[k]
+            obs, r, done, info = steps[k]
+            ended = ids[-1] == eos_id
             start = len(ep.token_ids)
             ep.token_ids += ids
             ep.loss_mask += [1] * len(ids)
-            ep.logps += lps[k, :n].tolist()
+            ep.logps += lps[k][:len(ids)]
             ep.turn_spans.append((start, len(ep.token_ids)))
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            add("tokenizer", t0)
-            t0 = tick()
-            obs, r, done, info = env.step(text)
-            add("env", t0)
             ep.actions.append(text)
             ep.rewards.append(float(r))
             ep.valid.append(bool(info["valid"]))
@@ -790,11 +832,7 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
                 ep.loss_mask.append(0)
                 ep.logps.append(0.0)
                 carry.append(eos_id)
-            seg = []
-            if not done:
-                t0 = tick()
-                seg = token_ids(tokenizer, observation_text(tokenizer, obs, system_prompt))
-                add("tokenizer", t0)
+            seg = segs.get(k, [])
             full = len(ep.prompt_ids) + len(ep.token_ids) + len(seg) + max_new_tokens + 1 > limit
             if done or full:  # full: the next turn could pass max_context tokens
                 ep.final_observation, ep.next_state_key = obs, info["state_key"]

@@ -143,3 +143,28 @@ def test_compacted_cache_samples_the_same_episodes(tiny_lm, monkeypatch):
     for x, y in zip(a, b):
         torch.testing.assert_close(torch.tensor(x.logps), torch.tensor(y.logps), atol=1e-6,
                                    rtol=0)
+
+
+def test_template_frames_render_like_the_template(tiny_lm, monkeypatch):
+    """``prompt_text``, ``observation_text`` and ``format_prompts`` put the content into a frame
+    rendered once: the same text as rendering the template each time, for any content; a template
+    that does not insert the content verbatim is rendered each time."""
+    _, tok = tiny_lm
+    texts = ["Turn 1/4. You are at row 2.", "", "  edge  \n", "{{ not a template }} <&>", "é\t"]
+    for sp in (GridAgentEnv.system_prompt, None, ""):
+        for x in texts:
+            assert rollout.prompt_text(tok, x, sp) == tok.apply_chat_template(
+                ([{"role": "system", "content": sp}] if sp else []) + [{"role": "user", "content": x}],
+                add_generation_prompt=True, tokenize=False)
+            assert rollout.observation_text(tok, x, sp) == rollout._observation_text(tok, x, sp)
+    assert rollout.format_prompts(tok, [{"prompt": x} for x in texts]) == [
+        tok.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True,
+                                tokenize=False) for x in texts]
+    trimmed = tok.chat_template.replace("m['content']", "(m['content'] | trim)").replace(
+        "message.content", "(message.content | trim)")
+    assert "| trim" in trimmed
+    monkeypatch.setattr(tok, "chat_template", trimmed)
+    x = "  x  "
+    assert rollout.prompt_text(tok, x) == tok.apply_chat_template(
+        [{"role": "user", "content": x}], add_generation_prompt=True, tokenize=False)
+    assert x not in rollout.prompt_text(tok, x)  # the template's own trim, not the frame

@@ -78,11 +78,8 @@ def load_side(args):
         model, tok = load_base(base, verbose=False)
     elif args.worker == "today":
         model, tok = tiny_lm.new_model("tiny-64", seed=0)
-    elif args.tokenizer == "char":  # the same tokenizer on both sides: the loop's share alone
-        model, tok = tiny_lm.new_model("tiny-64", seed=0)
     else:
-        model, tok = tiny_lm.new_model("tiny-64", seed=0,
-                                       tokenizer=tiny_lm.load_tokenizer(args.tokenizer))
+        model, tok = tiny_lm.new_model("tiny-64", seed=0, tokenizer=args.tokenizer)
     return model.eval(), tok
 
 
@@ -114,19 +111,8 @@ def timed_update(model, tok, make_env, seeds, args, budget, rep):
 
     cfg = GRPOConfig(num_prompts=len(seeds), group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=budget, lr=3e-4, loss_agg="token_mean", seed=rep)
-    timers = {}
-
-    def timed(fn, key):  # wraps a function grpo calls by its module-level name
-        def inner(*a, **k):
-            t = time.perf_counter()
-            out = fn(*a, **k)
-            timers[key] = timers.get(key, 0.0) + time.perf_counter() - t
-            return out
-        return inner
-    grpo.generation_logps = timed(grpo.generation_logps, "update: forward")
-    grpo.optimizer_step = timed(grpo.optimizer_step, "update: backward + AdamW")
-    roll = grpo.lm_rollout
-    grpo.lm_rollout = lambda *a, **k: roll(*a, timers=timers, **k)
+    timers = TIMERS
+    timers.clear()
     policy = copy.deepcopy(model)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
     sample = grpo.episode_sampler(tok, make_env, list(range(10_000)), cfg)
@@ -143,6 +129,29 @@ def timed_update(model, tok, make_env, seeds, args, budget, rep):
                 padded=list(g.prompt_ids.shape[1:]) + list(g.completion_ids.shape[1:]),
                 tokens=int(g.prompt_mask.sum() + g.completion_mask.sum()),
                 agent_tokens=int(g.loss_mask.sum()))
+
+
+TIMERS: dict = {}
+"""seconds per phase of the update being timed (``time_phases`` fills it)"""
+
+
+def time_phases():
+    """Wrap the functions ``grpo`` calls by their module-level names, once: the rollout gets
+    ``TIMERS`` (prefill, decode, env, tokenizer), the training forward and the optimizer step
+    (backward, clipping, AdamW) are timed."""
+    from agentrl_lib.algorithms import grpo
+
+    def timed(fn, key):
+        def inner(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            TIMERS[key] = TIMERS.get(key, 0.0) + time.perf_counter() - t
+            return out
+        return inner
+    grpo.generation_logps = timed(grpo.generation_logps, "update: forward")
+    grpo.optimizer_step = timed(grpo.optimizer_step, "update: backward + AdamW")
+    roll = grpo.lm_rollout
+    grpo.lm_rollout = lambda *a, **k: roll(*a, timers=TIMERS, **k)
 
 
 def worker(args):
@@ -166,6 +175,7 @@ def worker(args):
         out["runs"] = {k: timed_rollout(k, model, tok, make_env, seeds, args, budget, args.rep)
                        for k in kinds}
     else:
+        time_phases()
         timed_update(model, tok, make_env, seeds[:1], args, budget, 99)  # warm-up
         out["runs"] = {"update": timed_update(model, tok, make_env, seeds, args, budget, args.rep)}
     Path(args.worker_out).write_text(json.dumps(out))
