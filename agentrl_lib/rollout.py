@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -243,6 +244,7 @@ class _Cache:
     kv: object = None
     attn: Tensor | None = None
     next_pos: Tensor | None = None
+    min_waste: ClassVar[float] = 0.125  # compact only when more than this fraction of columns is padding
 
     def select(self, idx: Tensor) -> None:
         if self.kv is not None:
@@ -258,7 +260,7 @@ class _Cache:
         if self.kv is None or not hasattr(self.kv, "layers"):
             return
         L, n = self.attn.shape[1], int(self.attn.sum(-1).max())
-        if n == L:
+        if L - n <= self.min_waste * L:  # the copy would cost more than the columns it saves
             return
         # a stable sort puts each row's padding first and keeps its real columns in order
         order = torch.sort(self.attn, dim=1, stable=True).indices[:, L - n:]  # (B, n)

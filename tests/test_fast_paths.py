@@ -132,6 +132,7 @@ def test_compacted_cache_samples_the_same_episodes(tiny_lm, monkeypatch):
         before = self.attn.shape[1]
         original(self)
         shrunk.append(before - self.attn.shape[1])
+    monkeypatch.setattr(rollout._Cache, "min_waste", 0.0)  # compact at every turn
     for compact in (False, True):
         monkeypatch.setattr(rollout._Cache, "compact", spy if compact else lambda self: None)
         runs.append(lm_rollout(model, tok, varied_caps(), [0, 1, 2, 3, 4], 3, 4, 6,
