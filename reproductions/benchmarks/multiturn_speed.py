@@ -55,14 +55,18 @@ def parse_args(argv=None):
                    "'' = random-init tiny-64 with the bpe tokenizer")
     p.add_argument("--tokenizer", default="bpe", help="the new side's tokenizer (load_tokenizer)")
     p.add_argument("--layout", default=GRID5, help="grid rows separated by '|' (notebook 31's)")
-    p.add_argument("--max-turns", type=int, default=6)
-    p.add_argument("--seeds", type=int, default=8, help="task seeds (groups)")
+    p.add_argument("--max-turns", type=int, default=10, help="turn cap (notebook 31's grid: 10)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="task seeds (groups); default 8 for rollout, 4 for update (notebook 30's)")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians kept")
     p.add_argument("--worker", choices=["today", "new"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = 8 if args.part == "rollout" else 4
+    return args
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,7 +180,8 @@ def worker(args):
                        for k in kinds}
     else:
         time_phases()
-        timed_update(model, tok, make_env, seeds[:1], args, budget, 99)  # warm-up
+        small = argparse.Namespace(**{**vars(args), "group_size": 2, "max_turns": 2})
+        timed_update(model, tok, make_env, seeds[:1], small, budget, 99)  # warm-up
         out["runs"] = {"update": timed_update(model, tok, make_env, seeds, args, budget, args.rep)}
     Path(args.worker_out).write_text(json.dumps(out))
 
