@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--base", default="", help="the new model: an SFT base (bpe tokenizer); "
                    "'' = random-init tiny-64 with the bpe tokenizer")
     p.add_argument("--tokenizer", default="bpe", help="the new side's tokenizer (load_tokenizer)")
+    p.add_argument("--today-tokenizer", default="char",
+                   help="today's side: 'char' (today's substrate) or 'bpe' (this checkout's BPE "
+                   "files on today's library: the loop's share alone)")
     p.add_argument("--layout", default=GRID5, help="grid rows separated by '|' (notebook 31's)")
     p.add_argument("--max-turns", type=int, default=10, help="turn cap (notebook 31's grid: 10)")
     p.add_argument("--seeds", type=int, default=None,
@@ -80,6 +83,14 @@ def load_side(args):
         from agentrl_lib.algorithms.sft import load_base
 
         model, tok = load_base(base, verbose=False)
+    elif args.worker == "today" and args.today_tokenizer == "bpe":
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "tiny_lm_new", ROOT / "agentrl_lib" / "models" / "tiny_lm.py")
+        new = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(new)  # only transformers and tokenizers: no agentrl_lib import
+        model, tok = tiny_lm.new_model("tiny-64", seed=0, tokenizer=new.load_tokenizer("bpe"))
     elif args.worker == "today":
         model, tok = tiny_lm.new_model("tiny-64", seed=0)
     else:
@@ -223,7 +234,8 @@ def main(argv=None):
     today_lib = tempfile.mkdtemp(prefix="agentrl-today-")
     subprocess.run(f"git -C {ROOT} archive {args.today} agentrl_lib | tar -x -C {today_lib}",
                    shell=True, check=True)
-    print(f"today: {args.today} (char tokenizer, {args.base_today or 'random-init tiny-64'}); "
+    print(f"today: {args.today} ({args.today_tokenizer} tokenizer, "
+          f"{args.base_today or 'random-init tiny-64'}); "
           f"new: this checkout ({args.tokenizer} tokenizer, {args.base or 'random-init tiny-64'})")
     print(f"uptime before: {uptime()}", flush=True)
     t_start = time.perf_counter()
