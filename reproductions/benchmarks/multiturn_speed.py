@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -204,8 +203,8 @@ def child(side: str, argv: list[str], today_lib: str, rep: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = dict(os.environ, PYTHONPATH=today_lib if side == "today" else str(ROOT))
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", side, "--worker-out", path,
-           "--rep", str(rep)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", side,
+           "--worker-out", path, "--rep", str(rep)]
     res = subprocess.run(cmd, cwd=ROOT if side == "new" else today_lib, env=env,
                          capture_output=True, text=True)
     if res.returncode != 0:
@@ -219,7 +218,8 @@ def median_run(runs: list[dict]) -> dict:
 
 def shares(run: dict, keys=("timers",)) -> str:
     d = {k: v for key in keys for k, v in run[key].items()}
-    return ", ".join(f"{k} {v / run['wall']:.0%}" for k, v in sorted(d.items(), key=lambda x: -x[1]))
+    top = sorted(d.items(), key=lambda x: -x[1])
+    return ", ".join(f"{k} {v / run['wall']:.0%}" for k, v in top)
 
 
 def uptime() -> str:
@@ -255,7 +255,8 @@ def main(argv=None):
         rows = [("today, batched + cache", med["today"]["batched + cache"]),
                 ("new, batched + cache", med["new"]["batched + cache"]),
                 ("new, one episode at a time", med["new"]["one episode at a time"])]
-        print(f"| | wall s | episodes/s | tokens per episode | turns | success | where the time goes |")
+        print("| | wall s | episodes/s | tokens per episode | turns | success | "
+              "where the time goes |")
         print("|---|---|---|---|---|---|---|")
         for name, r in rows:
             print(f"| {name} | {r['wall']:.2f} | {r['episodes'] / r['wall']:.1f} | "
@@ -264,7 +265,8 @@ def main(argv=None):
         eps = {name: r["episodes"] / r["wall"] for name, r in rows}
         r1 = eps["new, batched + cache"] / eps["today, batched + cache"]
         r2 = eps["new, batched + cache"] / eps["new, one episode at a time"]
-        print(f"\n(b) new / today episodes/s: {r1:.2f}x (target >= 4x: {'MET' if r1 >= 4 else 'NOT MET'})")
+        print(f"\n(b) new / today episodes/s: {r1:.2f}x "
+              f"(target >= 4x: {'MET' if r1 >= 4 else 'NOT MET'})")
         print(f"(b) new batched + cache / one episode at a time: {r2:.2f}x "
               f"(target >= 5x: {'MET' if r2 >= 5 else 'NOT MET'})")
     else:
