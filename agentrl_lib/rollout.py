@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -59,18 +60,45 @@ def token_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+_PROBES = ("\n  \u00a4probe-1 {{ x }} %} <&'\"> \t", " \u00a4probe-2\n")
+_FRAMES: dict = {}
+"""(head, tail) of each template rendering, by (kind, template, special tokens, system prompt)"""
+
+
+def _framed(tokenizer, kind: str, system_prompt, render, content: str) -> str:
+    """``render(content)`` as ``head + content + tail``, the frame rendered once per template and
+    system prompt: a chat template that inserts a message's content verbatim (checked with two
+    probes with edge whitespace and template syntax) renders every content the same way around it,
+    and the jinja rendering is most of a multi-turn rollout's tokenizer time. A template that does
+    not (trims, escapes, branches on the content) is rendered each time."""
+    key = (kind, tokenizer.chat_template, tokenizer.eos_token, tokenizer.bos_token, system_prompt)
+    if key not in _FRAMES:
+        frames = []
+        for probe in _PROBES:
+            text = render(probe)
+            at = text.find(probe)
+            frames.append((text[:at], text[at + len(probe):]) if text.count(probe) == 1 else None)
+        _FRAMES[key] = frames[0] if frames[0] is not None and frames[0] == frames[1] else None
+    frame = _FRAMES[key]
+    return render(content) if frame is None else frame[0] + content + frame[1]
+
+
 def format_prompts(tokenizer, problems: list[dict]) -> list[str]:
     """Each problem's ``prompt`` as a one-message chat, ready for the assistant's answer."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                          add_generation_prompt=True, tokenize=False)
-            for p in problems]
+    def render(x):
+        return tokenizer.apply_chat_template([{"role": "user", "content": x}],
+                                             add_generation_prompt=True, tokenize=False)
+    return [_framed(tokenizer, "prompt", None, render, p["prompt"]) for p in problems]
 
 
 def prompt_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
     """The first prompt: system message (if any) + the first observation + the generation prompt."""
-    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
-        [{"role": "user", "content": observation}]
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    sys = [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+    def render(x):
+        return tokenizer.apply_chat_template(sys + [{"role": "user", "content": x}],
+                                             add_generation_prompt=True, tokenize=False)
+    return _framed(tokenizer, "first", system_prompt or None, render, observation)
 
 
 def observation_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
@@ -78,6 +106,11 @@ def observation_text(tokenizer, observation: str, system_prompt: str | None = No
     ChatML ``"\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n"``. Derived from the
     template itself (rendered with and without the new user turn), so other templates work as long
     as they render a conversation as a prefix of its continuation."""
+    return _framed(tokenizer, "next", system_prompt or None,
+                   lambda x: _observation_text(tokenizer, x, system_prompt), observation)
+
+
+def _observation_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
     sys = [{"role": "system", "content": system_prompt}] if system_prompt else []
     base = sys + [{"role": "user", "content": "o"}, {"role": "assistant", "content": "A"}]
     r1 = tokenizer.apply_chat_template(base, tokenize=False)
@@ -211,11 +244,38 @@ class _Cache:
     kv: object = None
     attn: Tensor | None = None
     next_pos: Tensor | None = None
+    min_waste: ClassVar[float] = 0.125  # compact only when more than this fraction of columns is padding
 
     def select(self, idx: Tensor) -> None:
         if self.kv is not None:
             self.kv.batch_select_indices(idx)
             self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+
+    def compact(self) -> None:
+        """Move each row's cached real tokens to the right end, in order, and drop the columns
+        that are then padding in every row: the cache shrinks from the sum of every turn's
+        longest segment to the longest row. Attention to a masked column has weight exactly 0
+        and the keys carry their rotary positions, so every row attends to the same keys and
+        values as before (the sums in another order: rounding)."""
+        if self.kv is None or not hasattr(self.kv, "layers"):
+            return
+        L, n = self.attn.shape[1], int(self.attn.sum(-1).max())
+        if L - n <= self.min_waste * L:  # the copy would cost more than the columns it saves
+            return
+        # a stable sort puts each row's padding first and keeps its real columns in order
+        order = torch.sort(self.attn, dim=1, stable=True).indices[:, L - n:]  # (B, n)
+        self.attn = self.attn.gather(1, order)
+        for layer in self.kv.layers:
+            k, v = layer.keys, layer.values  # (B, heads, L, d)
+            at = order[:, None, :, None].expand(k.shape[0], k.shape[1], n, k.shape[3])
+            layer.keys, layer.values = k.gather(2, at), v.gather(2, at)
+
+
+def _keeps_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
@@ -227,8 +287,10 @@ def _prefill(model, state: _Cache, ids: Tensor, seg_mask: Tensor) -> Tensor:
     else:
         state.attn = torch.cat([state.attn, seg_mask], 1)
     pos = (state.next_pos[:, None] + seg_mask.cumsum(-1) - 1).clamp(min=0)  # (B, S) real tokens only
+    # only the last position's logits are read: the output embedding skips the other S - 1
+    keep = {"logits_to_keep": 1} if _keeps_logits(model) else {}
     out = model(input_ids=ids, attention_mask=state.attn, position_ids=pos,
-                past_key_values=state.kv, use_cache=True)
+                past_key_values=state.kv, use_cache=True, **keep)
     state.kv = out.past_key_values
     state.next_pos = state.next_pos + seg_mask.sum(-1)
     return out.logits[:, -1]
@@ -328,10 +390,14 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
     device = model_device(model)
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    state = _Cache()
-    logits = _prefill(model, state, prompt_ids, prompt_mask.clone())
-    completion_ids, logps, ents, _ = _decode(model, state, logits, max_new_tokens, temperature,
-                                             greedy, generator, eos_id, pad_id)  # (B, T) each
+    with torch.inference_mode():  # no autograd bookkeeping at all while decoding
+        state = _Cache()
+        logits = _prefill(model, state, prompt_ids, prompt_mask.clone())
+        completion_ids, logps, ents, _ = _decode(model, state, logits, max_new_tokens,
+                                                 temperature, greedy, generator, eos_id,
+                                                 pad_id)  # (B, T) each
+    # clones made outside inference mode are ordinary tensors, usable in the loss's graph
+    completion_ids, logps, ents = completion_ids.clone(), logps.clone(), ents.clone()
     mask = completion_mask_from_ids(completion_ids, eos_id)
     texts = tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask),
                                    skip_special_tokens=True)
@@ -370,15 +436,125 @@ def join_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
+def length_buckets(lengths: list[int], overhead: int = 2048) -> list[list[int]]:
+    """Rows grouped into micro-batches for a right-padded forward pass: sorted by length (longest
+    first), then cut where the total cost sum_k (rows_k x longest_k + ``overhead``) is least
+    (dynamic programming over the sorted order). The cost counts padded tokens plus a fixed
+    per-call cost in tokens, so a batch of similar lengths stays one call and a batch of very
+    different lengths (multi-turn conversations of 1-10 turns) is split.
+
+    >>> length_buckets([10, 900, 12, 880], overhead=100)
+    [[1, 3], [2, 0]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)  # best[j]: cost of the first j rows
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i..j-1 in one bucket, padded to the longest, order[i]
+            c = best[i] + (j - i) * lengths[order[i]] + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out, j = [], n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
+
+
+def _contiguous(prompt_mask: Tensor, completion_mask: Tensor) -> bool:
+    """Prompts left-padded and completions right-padded (every record of this module is)."""
+    P, T = prompt_mask.shape[1], completion_mask.shape[1]
+    p, c = prompt_mask.sum(-1, keepdim=True), completion_mask.sum(-1, keepdim=True)
+    ar_p = torch.arange(P, device=p.device)
+    ar_t = torch.arange(T, device=c.device)
+    return bool(((prompt_mask != 0) == (ar_p >= P - p)).all()
+                and ((completion_mask != 0) == (ar_t < c)).all())
+
+
+def _packs(model) -> bool:
+    """Whether ``packed_sequence_logps`` can run the model as decoder + output embedding (logits =
+    lm_head(hidden), no soft-capping or logit scale after it)."""
+    cfg = getattr(model, "config", None)
+    return (hasattr(model, "base_model") and model.base_model is not model
+            and getattr(model, "get_output_embeddings", lambda: None)() is not None
+            and getattr(cfg, "final_logit_softcapping", None) is None
+            and getattr(cfg, "logit_scale", None) is None)
+
+
+def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
+                          completion_ids: Tensor, completion_mask: Tensor,
+                          temperature: float = 1.0, loss_mask: Tensor | None = None,
+                          overhead: int = 2048) -> tuple[Tensor, Tensor]:
+    """``sequence_logps`` without padding inside a sequence and without logits nobody reads: each
+    row's real prompt and completion tokens are laid out from position 0 and right-padded within a
+    length bucket (``length_buckets``), so causal attention alone (no attention mask) gives every
+    real token exactly its unpadded context and positions; the output embedding (lm_head) runs only
+    at the positions that predict a token with weight completion_mask x loss_mask != 0. Same
+    numbers as the padded pass to rounding (other matmul shapes), same gradients.
+    Needs prompts left-padded and completions right-padded (``_contiguous``).
+
+    Returns (logps, entropies), each (B, T), zero where the weight is 0 (times it elsewhere).
+    """
+    B, T = completion_ids.shape
+    P = prompt_ids.shape[1]
+    w = completion_mask.float() if loss_mask is None else completion_mask.float() * loss_mask
+    p_len = prompt_mask.sum(-1).tolist()  # (B,)
+    c_len = completion_mask.sum(-1).tolist()
+    decoder, head = model.base_model, model.get_output_embeddings()
+    rows_b, rows_t, logps, ents = [], [], [], []
+    for bucket in length_buckets([p + c for p, c in zip(p_len, c_len)], overhead):
+        L = p_len[bucket[0]] + c_len[bucket[0]]
+        # right padding (id 0) comes after every real token: causal attention never reads it
+        ids = torch.zeros(len(bucket), L, dtype=torch.long, device=prompt_ids.device)
+        for k, b in enumerate(bucket):
+            p, c = p_len[b], c_len[b]
+            ids[k, :p + c] = torch.cat([prompt_ids[b, P - p:], completion_ids[b, :c]])
+        sel = w[bucket].nonzero()  # (K, 2): (row in bucket, t) of the scored tokens
+        if sel.shape[0] == 0:
+            continue
+        r, t = sel[:, 0], sel[:, 1]
+        at = torch.tensor([p_len[b] - 1 for b in bucket], device=ids.device)[r] + t  # predicts t
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state  # (k, L, H)
+        logp_all = F.log_softmax(head(hidden[r, at]).float() / temperature, -1)  # (K, V)
+        b_idx = torch.tensor(bucket, device=ids.device)[r]
+        tgt = completion_ids[b_idx, t]
+        wk = w[b_idx, t]
+        logps.append(logp_all.gather(-1, tgt[:, None]).squeeze(-1) * wk)
+        ents.append(-(logp_all.exp() * logp_all).sum(-1) * wk)
+        rows_b.append(b_idx)
+        rows_t.append(t)
+    out_lp = torch.zeros(B, T, device=completion_ids.device)
+    out_ent = torch.zeros(B, T, device=completion_ids.device)
+    if logps:
+        idx = (torch.cat(rows_b), torch.cat(rows_t))
+        out_lp = out_lp.index_put(idx, torch.cat(logps))
+        out_ent = out_ent.index_put(idx, torch.cat(ents))
+    return out_lp, out_ent
+
+
 def sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                    completion_mask: Tensor, temperature: float = 1.0,
                    loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients,
-    in one forward pass over prompt + completion.
+    """Per-token log-probs and entropies of ``completion_ids`` given the prompts, with gradients.
+    ``packed_sequence_logps`` (length buckets, no attention mask, logits only where scored) when
+    the record and the model allow it, else one padded forward pass over prompt + completion.
 
     Returns (logps, entropies), each (B, T), zero where completion_mask (and loss_mask, if given)
     is 0.
     """
+    if _packs(model) and _contiguous(prompt_mask, completion_mask):
+        return packed_sequence_logps(model, prompt_ids, prompt_mask, completion_ids,
+                                     completion_mask, temperature, loss_mask)
+    return padded_sequence_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                 temperature, loss_mask)
+
+
+def padded_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                          completion_mask: Tensor, temperature: float = 1.0,
+                          loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``sequence_logps`` in one forward pass over the padded prompt + completion (attention mask,
+    positions counting real tokens, logits everywhere): the reference the packed pass is tested
+    against, and the path for records or models it does not take."""
     ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, P+T, V)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
@@ -578,7 +754,7 @@ def _new_episodes(make_env, seeds, group_size):
     return envs, episodes
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperature, greedy,
           generator, system_prompt, reuse_cache: bool, timers: dict | None = None,
           max_context: int | None = None, desc: str | None = None):
@@ -594,8 +770,10 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
         timers[key] = timers.get(key, 0.0) + tick() - t0
 
     t0 = tick()
-    for ep in episodes:
-        ep.prompt_ids = token_ids(tokenizer, prompt_text(tokenizer, ep.observations[0], system_prompt))
+    prompts = tokenizer([prompt_text(tokenizer, ep.observations[0], system_prompt)
+                         for ep in episodes], add_special_tokens=False)["input_ids"]
+    for ep, ids in zip(episodes, prompts):
+        ep.prompt_ids = ids
     pending = [list(ep.prompt_ids) for ep in episodes]  # tokens of each row not yet in the cache
     add("tokenizer", t0)
     running = list(range(len(envs)))
@@ -622,22 +800,30 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
         toks, lps, unfed = toks.cpu(), lps.cpu(), unfed.cpu()  # (B, T), (B, T), (B,)
         add("decode", t0)
         still = []
+        # the whole batch at once: one decode call, every env stepped, one encode call
+        t0 = tick()
+        rows = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in toks.tolist()]
+        texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+        add("tokenizer", t0)
+        t0 = tick()
+        steps = [envs[i].step(text) for i, text in zip(running, texts)]
+        add("env", t0)
+        t0 = tick()
+        live = [k for k, (_, _, done, _) in enumerate(steps) if not done]
+        segs = dict(zip(live, tokenizer(
+            [observation_text(tokenizer, steps[k][0], system_prompt) for k in live],
+            add_special_tokens=False)["input_ids"] if live else []))
+        add("tokenizer", t0)
+        lps = lps.tolist()
         for k, i in enumerate(running):
-            ep, env = episodes[i], envs[i]
-            t0 = tick()
-            row = toks[k].tolist()
-            n = row.index(eos_id) + 1 if eos_id in row else len(row)
-            ids, ended = row[:n], eos_id in row[:n]
+            ep, ids, text = episodes[i], rows[k], texts[k]
+            obs, r, done, info = steps[k]
+            ended = ids[-1] == eos_id
             start = len(ep.token_ids)
             ep.token_ids += ids
             ep.loss_mask += [1] * len(ids)
-            ep.logps += lps[k, :n].tolist()
+            ep.logps += lps[k][:len(ids)]
             ep.turn_spans.append((start, len(ep.token_ids)))
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            add("tokenizer", t0)
-            t0 = tick()
-            obs, r, done, info = env.step(text)
-            add("env", t0)
             ep.actions.append(text)
             ep.rewards.append(float(r))
             ep.valid.append(bool(info["valid"]))
@@ -648,11 +834,7 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
                 ep.loss_mask.append(0)
                 ep.logps.append(0.0)
                 carry.append(eos_id)
-            seg = []
-            if not done:
-                t0 = tick()
-                seg = token_ids(tokenizer, observation_text(tokenizer, obs, system_prompt))
-                add("tokenizer", t0)
+            seg = segs.get(k, [])
             full = len(ep.prompt_ids) + len(ep.token_ids) + len(seg) + max_new_tokens + 1 > limit
             if done or full:  # full: the next turn could pass max_context tokens
                 ep.final_observation, ep.next_state_key = obs, info["state_key"]
@@ -669,6 +851,8 @@ def _play(model, tokenizer, envs, episodes, max_turns, max_new_tokens, temperatu
             pending[i] = carry + seg
         if reuse_cache and still and len(still) < len(running):
             state.select(torch.tensor([k for k, _ in still], device=state.attn.device))
+        if reuse_cache and still:
+            state.compact()
         running, turn = [i for _, i in still], turn + 1
     if bar is not None:
         bar.close()

@@ -2,7 +2,7 @@
 the same model, task, reward, batch and hyperparameters (mapped by ``trl_adapter.to_trl_config``).
 
     .venv/bin/python reproductions/benchmarks/grpo_vs_trl.py --steps 60 --target-acc 0.55 --seed 0 \
-        --out /tmp/grpo_vs_trl.json
+        --out /tmp/grpo_vs_trl.json [--base agentrl-sft/<name> | --base <checkpoint folder>]
 
 Each implementation runs in its own child process (so its peak memory is its own), one after the
 other; ``--repeats`` alternates them (ours, TRL, ours, TRL, ...) so slow drifts of machine load hit
@@ -48,7 +48,10 @@ def parse_args(argv=None):
                    help="held-out greedy accuracy whose first crossing is timed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=str, default="", help="write the results JSON here")
-    p.add_argument("--model", type=str, default="agentrl-sft/chain-mix-tiny")
+    p.add_argument("--model", "--base", dest="model", type=str, default="agentrl-sft/chain-mix-tiny",
+                   help="the start model of both sides: a named SFT base (agentrl-sft/<name>), a "
+                   "checkpoint folder (e.g. the bpe chain-mix base) or anything load_policy takes; "
+                   "its own tokenizer is used on both sides")
     p.add_argument("--task", type=str, default="chain", help="text task (text_tasks.GENERATORS)")
     p.add_argument("--device", type=str, default="cpu")
     p.add_argument("--num-prompts", type=int, default=16)
