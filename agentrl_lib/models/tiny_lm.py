@@ -51,7 +51,7 @@ def load_tokenizer(kind: str = "bpe"):
 
     >>> tok = load_tokenizer("bpe")
     >>> tok.convert_ids_to_tokens(tok("at row 12.")["input_ids"])  # digits one per token
-    ['at', 'Ġrow', 'Ġ', '1', '2', '.']
+    ['atĠ', 'rowĠ', '1', '2', '.']
     """
     if kind == "char":
         return char_tokenizer()
