@@ -283,3 +283,24 @@ def test_one_update_changes_parameters_and_dynamic_sampling():
         rows = grpo.train(model, grpo.completion_sampler(tok, probs, [const], cfg), cfg)
         assert rows[0]["rollout/kept_frac"] == 0.0 and "losses/loss" not in rows[0], value
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_evaluate_samples_k_completions_with_seeded_draws(tiny_lm):
+    """``evaluate(samples=k)`` scores k sampled completions of every problem, the same draws at
+    every call with one seed and other draws with another; ``samples=0`` is one greedy each."""
+    model, tok = tiny_lm
+    probs = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3) for b in range(2)]
+    seen = []
+
+    def record(completions, **kwargs):
+        seen.append(list(completions))
+        return [float(len(c) % 2) for c in completions]
+
+    a = grpo.evaluate(model, tok, probs, record, 6, samples=3, seed=5)
+    b = grpo.evaluate(model, tok, probs, record, 6, samples=3, seed=5)
+    grpo.evaluate(model, tok, probs, record, 6, samples=3, seed=6)
+    assert len(seen[0]) == 3 * len(probs) and a == b and seen[0] == seen[1]
+    assert seen[2] != seen[0]
+    assert a["acc"] == sum(len(c) % 2 for c in seen[0]) / len(seen[0])
+    grpo.evaluate(model, tok, probs + probs, record, 6)  # greedy: a problem's twins agree
+    assert len(seen[3]) == 2 * len(probs) and seen[3][:len(probs)] == seen[3][len(probs):]

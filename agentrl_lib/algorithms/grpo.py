@@ -545,15 +545,21 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
 # --- evaluation ------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, tokenizer, problems: list[dict], reward_fn, max_new_tokens: int,
-             batch_size: int = 256) -> dict:
-    """Greedy accuracy on a panel: {'acc': mean of ``reward_fn`` over the problems}."""
+             batch_size: int = 256, samples: int = 0, temperature: float = 1.0,
+             seed: int = 0) -> dict:
+    """Accuracy on a panel: {'acc': mean of ``reward_fn`` over its completions}. samples=0: greedy,
+    one completion a problem; else ``samples`` completions of each at ``temperature``, drawn with a
+    generator seeded by ``seed`` (the same draws at every call)."""
     model.eval()
+    rows = [p for p in problems for _ in range(max(samples, 1))]
+    draws = token_generator(model, seed) if samples else None
     total = 0.0
-    for i in progress(range(0, len(problems), batch_size), desc="eval panel", unit="batch"):
-        chunk = problems[i:i + batch_size]
-        gen = generate(model, tokenizer, format_prompts(tokenizer, chunk), max_new_tokens, greedy=True)
+    for i in progress(range(0, len(rows), batch_size), desc="eval panel", unit="batch"):
+        chunk = rows[i:i + batch_size]
+        gen = generate(model, tokenizer, format_prompts(tokenizer, chunk), max_new_tokens,
+                       temperature=temperature, greedy=samples == 0, generator=draws)
         total += score([reward_fn], gen.texts, chunk).sum().item()
-    return {"acc": total / len(problems)}
+    return {"acc": total / len(rows)}
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl_lib.algorithms.sft import (CALC_AGENT_GAME, KG_AGENT_GAME, TQ_AGENT_GAME,
+from agentrl_lib.algorithms.sft import (CALC_AGENT_GAME, GRID5, KG_AGENT_GAME, TQ_AGENT_GAME,
                                         scripted_policy)
 from agentrl_lib.envs import tool_env
 from agentrl_lib.envs.calc_tool import CalcToolEnv
@@ -56,7 +56,6 @@ VOCAB_SIZE = 2048
 MAX_TOKEN_CHARS = 24
 PRE_SPLIT = r"\p{N}|\n"
 """isolated before BPE: each digit and each newline is its own token"""
-GRID5 = [".....", ".#.#.", ".....", "..#..", "....."]
 _KG = dict(num_entities=100, num_relations=2)
 CORPUS_ENVS = {
     "grid": lambda: GridAgentEnv(max_turns=6),
