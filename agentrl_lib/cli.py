@@ -140,7 +140,8 @@ def cmd_report(args) -> int:
     out = Path(args.out) if args.out else root / "report"
     if not runs.is_dir():
         raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
-    info = build_report(runs, out, notebooks=not args.no_notebooks)
+    info = build_report(runs, out, notebooks=not args.no_notebooks,
+                        fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv")
     print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs, "
           f"{info['notebooks']} executed notebooks linked")
     print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")

@@ -414,12 +414,42 @@ def broken_links(page: Path) -> list[str]:
     return bad
 
 
+FIDELITY_HEAD = ["items", "checked against code", "against text only", "unverifiable",
+                 "matches", "partly", "differs"]
+"""Columns of the report's fidelity table (``reproductions/fidelity/counts.csv``)."""
+
+
+def _fidelity_cells(f: dict) -> list[str]:
+    return [str(f[k]) for k in ("items", "checked_against_code", "checked_against_text_only",
+                                "unverifiable", "matches", "partly", "differs")]
+
+
+def fidelity_line(f: dict) -> str:
+    """'fidelity: checked against code 3 / text 2 / unverifiable 5 / differs 1 (of 10 items)'."""
+    return (f"fidelity: checked against code {f['checked_against_code']} / text "
+            f"{f['checked_against_text_only']} / unverifiable {f['unverifiable']} / differs "
+            f"{f['differs']} (of {f['items']} items)")
+
+
+def fidelity_markdown(fidelity: dict[str, dict]) -> str:
+    """The per-notebook fidelity counts as a markdown table ('' when there are none)."""
+    if not fidelity:
+        return ""
+    head = "| notebook | " + " | ".join(FIDELITY_HEAD) + " |\n|---" + "|---" * 7 + "|\n"
+    return "### Fidelity to the papers\n\n" + head + "\n".join(
+        f"| {nb} | " + " | ".join(_fidelity_cells(f)) + " |" for nb, f in fidelity.items()) + "\n"
+
+
 def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 curve_rows: list[dict] | None = None,
-                executed: dict[tuple, list[tuple[str, str]]] | None = None) -> str:
+                executed: dict[tuple, list[tuple[str, str]]] | None = None,
+                fidelity: dict[str, dict] | None = None) -> str:
+    """The report page; ``fidelity`` ({notebook: counts.csv row}) adds a line under each
+    notebook's heading and a table of every notebook's counts at the end."""
     e = html.escape
     curve_rows = curve_rows or []
     executed = executed or {}
+    fidelity = fidelity or {}
     parts = [f"<!doctype html><meta charset='utf-8'><title>agentrl report</title><style>{_CSS}"
              "</style><h1>agentrl: reproduction report</h1>",
              f"<p class='small'>{len(results)} results from {len({r['notebook'] for r in results})}"
@@ -439,6 +469,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
         link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
                 else e(first["paper"] or ""))
         parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p><ul>")
+        if nb in fidelity:
+            parts.append(f"<li>{e(fidelity_line(fidelity[nb]))}</li>")
         for profile in sorted({r["profile"] for r in nb_rows}):
             pages = executed.get((nb, profile), [])
             if pages:
@@ -491,6 +523,16 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 parts.append(f"<p class='small'>figures ({e(profile)} profile)</p>")
                 parts.extend(f"<img alt='{e(c)}' title='{e(c)}' src='data:image/png;base64,{b}'>"
                              for c, b in figs)
+    if fidelity:
+        parts.append("<h2>Fidelity to the papers</h2><p class='small'>Per notebook, how many "
+                     "details were checked against the paper's released code, against its "
+                     "text only, or could not be checked (reproductions/fidelity/).</p><table>"
+                     "<tr><th>notebook</th>" + "".join(f"<th>{h}</th>" for h in FIDELITY_HEAD)
+                     + "</tr>")
+        parts.extend(f"<tr><td>{e(nb)}</td>" + "".join(f"<td>{c}</td>" for c in
+                                                       _fidelity_cells(f)) + "</tr>"
+                     for nb, f in fidelity.items())
+        parts.append("</table>")
     if failures:
         parts.append("<h2>Runs that failed before writing results</h2><ul>")
         parts.extend(f"<li>{e(f['dir'])}: {e(f['error'])}</li>" for f in failures)
@@ -499,9 +541,13 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
 
 
 def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
-                 notebooks: bool = True) -> dict:
+                 notebooks: bool = True, fidelity_csv: Path | str | None = None) -> dict:
     """report/index.html (with links to every run's executed notebook as HTML unless
-    ``notebooks`` is False), summary.md, summary.json and curves.json from ``runs_root``."""
+    ``notebooks`` is False), summary.md, summary.json and curves.json from ``runs_root``; the
+    fidelity counts of ``fidelity_csv`` (``reproductions/fidelity/counts.csv``) when given."""
+    from agentrl_lib.pipeline.fidelity import read_counts
+
+    fidelity = read_counts(fidelity_csv) if fidelity_csv else {}
     runs_root, out_dir = Path(runs_root), Path(out_dir)
     results = collect(runs_root)
     rows = summarise(results)
@@ -509,8 +555,10 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = render_executed(results, out_dir) if notebooks else {}
-    (out_dir / "summary.md").write_text(markdown(rows, curve_rows))
-    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows, executed))
+    (out_dir / "summary.md").write_text(markdown(rows, curve_rows) + "\n" +
+                                        fidelity_markdown(fidelity))
+    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows, executed,
+                                                    fidelity))
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
     (out_dir / "curves.json").write_text(json.dumps(curve_rows, indent=2, default=str))
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
