@@ -70,3 +70,18 @@ def test_report_shows_fidelity_counts(tmp_path):
     assert "| 22_barfi | 10 | 0 | 7 | 2 | 3 | 3 | 2 |" in md
     plain = build_report(tmp_path / "runs", tmp_path / "r2", notebooks=False)
     assert "Fidelity" not in plain["html"].read_text()
+
+
+def test_every_notebook_has_its_fidelity_cell():
+    """One cell 'Fidelity: taken from the paper, from the code, inferred' before the exercises,
+    with the counts of counts.csv and a link to the notebook's fidelity file."""
+    counts = read_counts(FOLDER / "counts.csv")
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        texts = ["".join(c["source"]) for c in cells]
+        (i,) = [k for k, t in enumerate(texts)
+                if t.startswith("## Fidelity: taken from the paper, from the code, inferred")]
+        assert "Exercises" in texts[i + 1].splitlines()[0], path.name
+        f = counts[path.stem]
+        assert f"matches {f['matches']}, partly {f['partly']}, differs {f['differs']}" in texts[i]
+        assert f"(../reproductions/fidelity/{path.stem}.md)" in texts[i]
