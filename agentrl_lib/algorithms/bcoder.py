@@ -1,6 +1,5 @@
-"""B-Coder: value-based RL for program synthesis (Yu, Tang, Qin, Jiao, Ye, Zhou, Mei, Ye, Deng,
-Zhou, He 2023, *B-Coder: Value-Based Deep Reinforcement Learning for Program Synthesis*,
-arXiv:2310.03173).
+"""B-Coder: value-based RL for program synthesis (Yu, Tao, Chen, Sun, Yang 2023, *B-Coder:
+Value-Based Deep Reinforcement Learning for Program Synthesis*, arXiv:2310.03173).
 
 A program is a sequence of tokens; the state s_t is the prompt and the tokens so far, the action a_t
 the next token, and the only reward is the unit-test verdict of the finished program (1 when it

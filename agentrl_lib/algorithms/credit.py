@@ -11,7 +11,9 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
   advantage computed in *anchor-state groups*, i.e. all turns of a group's episodes that act from
   the same state, each scored by its discounted return-to-go. Taken from the paper: A = A^E +
   omega * A^S, gamma = 0.95, omega = 1, normalisation by the group std or by 1 ("mean_norm").
-  Inferred: a singleton anchor group gets A^S = 0 and std uses ddof=1 (as the episode groups).
+  From the reference code (verl-agent ``gigpo/core_gigpo.py``, ``step_group_reward``, read from
+  stored copies: reproductions/fidelity/31_gigpo.md): a singleton anchor group gets A^S = 0
+  and std uses ddof=1 (as the episode groups).
   ``anchor_share`` is the fraction of turns in groups of two or more (where A^S can be nonzero).
 - ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
   ``archer.py``, SPA-RL's progress model in ``spa.py``).

@@ -19,8 +19,10 @@ The EPO loss term added to L_PG is
 
     L_EPO(k) = - c_k * mean_t H_t  +  beta * P(H, H_bar_k)          c_k = entropy_coef * w(k)
 
-Forms *inferred* (the paper gives the ingredients, not every constant; no public code was found
-when this was written): the band is multiplicative around H_bar with kappa_lo = 0.5,
+Forms *inferred* (the paper gives the ingredients, not every constant; written before the
+authors' code, https://github.com/WujiangXu/EPO, was found;
+reproductions/fidelity/42_epo_entropy.md compares it): the band is multiplicative around H_bar
+with kappa_lo = 0.5,
 kappa_hi = 1.5 by default; H_bar is a moving average over a window of past batches (the current
 batch is excluded, so it is "historical"); before any history exists the penalty is zero; w(k)
 is 'constant' (1), 'linear' (1 -> w_late over ``num_iters``) or 'step' (1, then w_late from

@@ -26,8 +26,9 @@ deep groups are singletons falls back on the larger shallow groups (lower varian
 advantage is GiGPO's combination A_t = A^E + omega * A^H_t with the episode-level A^E.
 
 Taken from the paper: the nested groups by C_k, an advantage per level, a weighted aggregate, no
-extra model or rollout, built on GiGPO (gamma = 0.95, omega = 1). Inferred (the weighting formula
-was not available to us): the power weights (k + 1)^alpha renormalised over the non-singleton
+extra model or rollout, built on GiGPO (gamma = 0.95, omega = 1). Inferred (written before the
+released code, verl-agent ``recipe/hgpo``, was read; reproductions/fidelity/36_hgpo.md compares
+it): the power weights (k + 1)^alpha renormalised over the non-singleton
 levels, alpha = 1 by default; ``weighting='uniform'`` is alpha = 0, ``weighting='deepest'`` takes
 only the deepest non-singleton level (a hard back-off). With norm_adv=False every level is
 G_t - mean, so A^H_t = G_t - b_t with the weighted baseline b_t = sum_k w_k mean_{G_k(t)} G

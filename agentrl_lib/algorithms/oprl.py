@@ -41,7 +41,9 @@ the outcome reward.
 Taken from the paper: the log-ratio step reward with pi_old as reference, the trajectory-level
 DPO objective on outcome preferences of one task's rollouts, the alternation PRM update / policy
 update, A = A^E + alpha A^S with A^S the step reward normalised over the group's steps, alpha = 1.
-Inferred (the code was not public when this was written): pairs = every (better, worse) pair of a
+Inferred (written when the paper's repository held only compiled files; its source,
+Tongyi-ConvAI/Tongyi-Character ``CharacterRL-iStar/`` @ dfee104, is compared in
+reproductions/fidelity/37_oprl.md): pairs = every (better, worse) pair of a
 group; the PRM here is a table of logits over (key, action) (an MLP would do the same) rather than
 a copy of the LLM, initialised at the reference's logits where given (else uniform); the immediate
 step reward (``gamma = 0``) as the step-level quantity (``gamma`` > 0 gives PRIME's return-to-go

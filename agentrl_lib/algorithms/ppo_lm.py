@@ -36,7 +36,8 @@ Conventions (each a choice where implementations differ):
   advantage. gamma = 1, lam = 0.95 (Huang et al. 2024, TRL's PPOConfig).
 - Advantages are whitened over the real tokens of the whole batch before the epochs (Huang et al.
   2024 whiten the batch; CleanRL whitens each minibatch): ``core.whiten`` with ddof 0 and eps in
-  the square root, as TRL's ``masked_whiten``.
+  the square root (TRL's ``masked_whiten`` also puts eps in the square root but uses the
+  unbiased variance, ddof 1).
 - Policy and value losses are token-level means over the real tokens of a minibatch (TRL's PPO,
   Huang et al. 2024); the value loss is clipped around the rollout's values (``core.value_loss``).
 - The KL penalty in the reward uses ``kl_estimator`` (k1 = log pi - log pi_ref per token, the RLHF

@@ -1,7 +1,7 @@
 """Step-level Q-value models: MCTS-annotated step preferences, step-DPO, best-of-K action selection.
 
-Zhai, Yang, Ding, Song, Wang, Zhang, Zhang, Liu, Xu, Xue, Zhou (2024), *Enhancing Decision-Making
-for LLM Agents via Step-Level Q-Value Models*, arXiv:2409.09345.
+Zhai, Yang, Xu, Feng, Yang, Ding, Wang (2024), *Enhancing Decision-Making for LLM Agents via
+Step-Level Q-Value Models*, arXiv:2409.09345.
 
 The agent's own policy is kept fixed. A separate **Q-value model** picks among its proposals:
 

@@ -12,8 +12,9 @@ own text, rendered exactly as the models will read it:
 - TRL tool-call conversations (``envs.tool_env``): the JSON calls of the Qwen2.5 tool template.
 
 Choices, each ours (inferred for a 0.1M-parameter model, not from a paper):
-- **digits one per token** (as Llama's and Qwen's pre-tokenizers do; "so arithmetic stays
-  learnable": a number's digits are always the same tokens) and newlines split off;
+- **digits one per token** (as Qwen's and Llama 1/2's pre-tokenizers do; Llama 3 groups up to
+  three digits; "so arithmetic stays learnable": a number's digits are always the same tokens) and
+  newlines split off;
 - **merges across words** (no whitespace pre-split, as SentencePiece with
   ``split_by_whitespace=False``): the environments repeat fixed phrases (". The goal is at row "),
   and one token per phrase is where most of the saving comes from; a token is at most

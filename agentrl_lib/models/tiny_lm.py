@@ -5,8 +5,9 @@ loads this model or any other causal LM by name or folder.
 Two tokenizers (``load_tokenizer(kind)``):
 - ``"bpe"`` (the default): a byte-level BPE of 2048 tokens trained on the project's own corpora
   (``algorithms.subword`` builds it; the files live in ``models/bpe/``), digits split one per token
-  as Llama's and Qwen's tokenizers do, newlines split too, and merges allowed across words, so a
-  recurring phrase of an observation (". The goal is at row ") is one token. Its chat template is
+  as Qwen's and Llama 1/2's tokenizers do (Llama 3 groups up to three digits), newlines split too,
+  and merges allowed across words, so a recurring phrase of an observation (". The goal is at
+  row ") is one token. Its chat template is
   TRL's bundled Qwen2.5 template, verbatim, which TRL's tool-calling path recognises. Models on it
   get ``CONTEXT["bpe"]`` = 2048 positions.
 - ``"char"``: one token per character, the first substrate; kept for notebook 10's comparison and
