@@ -190,7 +190,8 @@ def test_relabel_takes_kinds_from_the_notebook(tmp_path, monkeypatch):
     cell = {"cell_type": "code", "source": [src], "metadata": {}, "outputs": []}
     (nbs / "05_mixed.ipynb").write_text(json.dumps({"cells": [cell]}))
     assert report.claim_kinds(nbs / "05_mixed.ipynb") == {
-        "own": ("paper", ""), "ablation": ("extension", ""), "aepo_arm": ("paper", "aepo")}
+        "own": ("paper", ""), "ablation": ("extension", ""), "aepo_arm": ("paper", "aepo"),
+        "x*": ("design", "")}  # an id built from a literal prefix matches by the prefix
     assert report.relabel(repro, nbs, "cpu") == ["05_mixed ablation: paper -> extension",
                                                  "05_mixed aepo_arm: paper -> paper of aepo"]
     with (repro / "05_mixed/cpu_summary.csv").open() as f:
@@ -334,3 +335,21 @@ def test_publish_one_notebook_keeps_the_others_rows(tmp_path, monkeypatch):
     md = (repro / "RESULTS.md").read_text()
     assert md.count("| 05_mixed | cpu |") == md.count("| 06_other | cpu |") > 0
     assert report.markdown(rows, curves) in md
+
+
+def test_old_tables_post_hoc_rows_need_unseen_seeds(tmp_path):
+    """A post-hoc row of a table published before the looked_at column judged every seed, the
+    looked-at ones too: read back, it is 'post hoc: no unseen seeds' and is not counted."""
+    table = tmp_path / "05_mixed" / "cpu_summary.csv"
+    table.parent.mkdir()
+    old_columns = report.CSV_COLUMNS[:-2]  # no paper_id, no looked_at
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, old_columns, restval="")
+        w.writeheader()
+        for cid, post in (("bar", "True"), ("beats", "False")):
+            w.writerow({"claim": cid, "kind": "paper", "margin": "0", "seeds": "0 1 2",
+                        "verdict": "holds", "post_hoc": post, "asserted": "True"})
+    bar, beats = report.rows_from_tables(tmp_path, "cpu")[0]
+    assert bar["verdict"] == report.NO_UNSEEN and "holds" in bar["why"]
+    assert beats["verdict"] == "holds"
+    assert report.paper_count([bar, beats])["reproduced"] == 1

@@ -591,10 +591,20 @@ def _bool(cell: str) -> bool:
     return cell.strip() == "True"
 
 
+def _legacy_post_hoc(c: dict) -> dict:
+    """A post-hoc row of a table published before post-hoc verdicts came from unseen seeds (no
+    ``looked_at`` column): its verdict covered the looked-at seeds, so it becomes ``NO_UNSEEN``
+    and the old verdict moves into the reason."""
+    old = c["verdict"] + (f" ({c['verdict_why']})" if c.get("verdict_why") else "")
+    return {"verdict": NO_UNSEEN, "verdict_why": f"published over seeds that include the looked-at "
+                                                  f"ones: {old}; re-judge on unseen seeds"}
+
+
 def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
     """The claim rows and curve rows of one profile read back from the committed tables
     (``reproductions/<notebook>/<profile>_summary.csv`` and ``_curves.csv``): what ``summarise``
-    and ``summarise_curves`` gave when they were published, as far as ``markdown`` needs them."""
+    and ``summarise_curves`` gave when they were published, as far as ``markdown`` needs them
+    (a post-hoc row of an older table reads as ``NO_UNSEEN``: ``_legacy_post_hoc``)."""
     import csv
 
     rows, curve_rows = [], []
@@ -602,6 +612,8 @@ def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], 
         nb = path.parent.name
         with path.open(newline="") as f:
             for c in csv.DictReader(f):
+                if _bool(c["post_hoc"]) and "looked_at" not in c:
+                    c.update(_legacy_post_hoc(c))
                 rows.append({
                     "family": c.get("family") or family_of({"notebook": nb}), "notebook": nb,
                     "profile": profile, "point": c["point"], "claim": c["claim"],
@@ -722,8 +734,9 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
 
 def claim_kinds(notebook: Path | str) -> dict[str, tuple[str, str]]:
     """{claim id: (kind, paper_id or '')} of every ``claim(...)`` call in a notebook's code cells
-    whose id and kind are string literals (an id built at run time is skipped); IPython lines
-    (``%``, ``!``) are blanked before parsing."""
+    whose kind is a string literal; an id built at run time from a literal prefix ("stabler_" +
+    name, f"lm_{x}") is keyed 'prefix*', any other is skipped. IPython lines (``%``, ``!``) are
+    blanked before parsing."""
     import ast
 
     out = {}
@@ -738,16 +751,24 @@ def claim_kinds(notebook: Path | str) -> dict[str, tuple[str, str]]:
             kw = {k.arg: k.value for k in node.keywords}
             cid = node.args[0] if node.args else kw.get("id")
             kind, pid = kw.get("kind"), kw.get("paper_id")
-            if isinstance(cid, ast.Constant) and isinstance(kind, ast.Constant):
-                out[cid.value] = (kind.value, pid.value if isinstance(pid, ast.Constant) else "")
+            if isinstance(cid, ast.BinOp) and isinstance(cid.op, ast.Add):
+                cid = cid.left
+                key = f"{cid.value}*" if isinstance(cid, ast.Constant) else None
+            elif isinstance(cid, ast.JoinedStr) and cid.values:
+                first = cid.values[0]
+                key = f"{first.value}*" if isinstance(first, ast.Constant) else None
+            else:
+                key = cid.value if isinstance(cid, ast.Constant) else None
+            if isinstance(key, str) and isinstance(kind, ast.Constant):
+                out[key] = (kind.value, pid.value if isinstance(pid, ast.Constant) else "")
     return out
 
 
 def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> list[str]:
     """Give the committed tables of one profile (``<profile>_summary.csv``) each claim's kind and
     ``paper_id`` as its notebook's ``claim(...)`` call now writes them (``claim_kinds``), without
-    rerunning anything: no other cell changes, no number. A changed table of an old layout gains
-    the missing columns (empty). Returns one line per changed claim, 'notebook claim: old -> new'.
+    rerunning anything: no other cell changes, no number; a table keeps its columns (an old
+    layout gains ``paper_id`` where a row needs one). Returns one line per changed claim, 'notebook claim: old -> new'.
     ``agentrl report --relabel PROFILE`` runs it and then rebuilds RESULTS.md from the tables."""
     import csv
 
@@ -757,19 +778,24 @@ def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> 
         source = Path(notebooks_dir) / f"{nb}.ipynb"
         kinds = claim_kinds(source) if source.is_file() else {}
         with path.open(newline="") as f:
-            table = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            table, columns = list(reader), list(reader.fieldnames or CSV_COLUMNS)
         changed = False
+        prefixes = sorted((k for k in kinds if k.endswith("*")), key=len, reverse=True)
         for row in table:
-            new = kinds.get(row["claim"])
+            new = kinds.get(row["claim"]) or next(
+                (kinds[k] for k in prefixes if row["claim"].startswith(k[:-1])), None)
             old = (row["kind"], row.get("paper_id") or "")
             if new is not None and new != old:
                 changes.append(f"{nb} {row['claim']}: {' of '.join(filter(None, old))} -> "
                                f"{' of '.join(filter(None, new))}")
                 row["kind"], row["paper_id"] = new
                 changed = True
-        if changed:  # a table left as it was keeps its layout (rows_from_tables reads both)
+        if changed:  # the table keeps its layout; paper_id is added where a row needs one
+            if "paper_id" not in columns and any(r.get("paper_id") for r in table):
+                columns.append("paper_id")
             with path.open("w", newline="") as f:
-                w = csv.DictWriter(f, CSV_COLUMNS, restval="")
+                w = csv.DictWriter(f, columns, restval="", extrasaction="ignore")
                 w.writeheader()
                 w.writerows(table)
     return changes
