@@ -353,3 +353,22 @@ def test_old_tables_post_hoc_rows_need_unseen_seeds(tmp_path):
     assert bar["verdict"] == report.NO_UNSEEN and "holds" in bar["why"]
     assert beats["verdict"] == "holds"
     assert report.paper_count([bar, beats])["reproduced"] == 1
+
+
+def test_notebook_claims_name_known_kinds_and_papers():
+    """Every claim() call of the notebooks names a kind of the registry, and a second paper by
+    its id in the catalog (../shared/papers/catalog.csv, when this checkout has it)."""
+    from pathlib import Path
+
+    from agentrl_lib.pipeline.results import KINDS
+
+    root = Path(__file__).resolve().parents[1]
+    kinds = {(nb.stem, cid): k for nb in sorted((root / "notebooks").glob("*.ipynb"))
+             for cid, k in report.claim_kinds(nb).items()}
+    assert len(kinds) > 300 and {k for k, _ in kinds.values()} <= set(KINDS)
+    assert kinds["55_arpo", "aepo_vs_arpo"] == ("paper", "aepo")
+    catalog = root.parent / "shared" / "papers" / "catalog.csv"
+    if catalog.is_file():
+        with catalog.open(newline="") as f:
+            ids = {row["id"] for row in csv.DictReader(f)}
+        assert {p for _, p in kinds.values() if p} <= ids
