@@ -138,6 +138,14 @@ def cmd_report(args) -> int:
     root = repo_root()
     runs = Path(args.runs) if args.runs else root / "runs"
     out = Path(args.out) if args.out else root / "report"
+    if args.relabel:
+        from agentrl_lib.pipeline.report import rebuild_results_md, relabel
+
+        changes = relabel(root / "reproductions", root / "notebooks", args.relabel)
+        print("\n".join(changes) or "every claim's kind already matches its notebook")
+        md = rebuild_results_md(root / "reproductions", args.relabel)
+        print(f"relabelled {len(changes)} claims of the {args.relabel!r} tables; rebuilt {md}")
+        return 0
     if not runs.is_dir():
         raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
     info = build_report(runs, out, notebooks=not args.no_notebooks,
@@ -290,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--publish", metavar="PROFILE", choices=PROFILES,
                    help="also write reproductions/RESULTS.md and per-notebook CSVs and figures "
                         "for this profile (the committed summaries)")
+    p.add_argument("--relabel", metavar="PROFILE", choices=PROFILES,
+                   help="only: give the committed tables of this profile each claim's kind as "
+                        "its notebook's claim() call now writes it, then rebuild RESULTS.md from "
+                        "the tables (no run read, no number changed)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="which results.json numbers and claim verdicts differ "
                        "between two runs folders (exit 1 if any)")

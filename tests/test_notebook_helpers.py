@@ -66,13 +66,13 @@ def test_verdict_wordings():
 
 def test_claims_printout(capsys):
     c = claim("agree", "s", "acc", 0.52, 0.5, "~", margin=0.05, kind="paper", control=0.3,
-              post_hoc=True)
+              post_hoc=True, paper_id="aepo")
     none = claim("bar", "s", "acc", 0.5, None, ">=", kind="design", asserted=False)
     print_claims([c, none])
     out = capsys.readouterr().out.splitlines()
     assert out == [claim_line(c), claim_line(none)]
-    assert out[0] == ("[HOLDS] (asserted, paper, post hoc) agree: acc: ours=0.52 ~ baseline=0.5 "
-                      "(margin 0.05); control=0.3 (fails, as it must)")
+    assert out[0] == ("[HOLDS] (asserted, paper of aepo, post hoc) agree: acc: ours=0.52 ~ "
+                      "baseline=0.5 (margin 0.05); control=0.3 (fails, as it must)")
     assert out[1] == "[fails] (reported, design) bar: acc: ours=0.5 >= baseline=None (margin 0)"
 
 

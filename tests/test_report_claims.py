@@ -2,8 +2,9 @@
 curves."""
 
 import csv
+import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -25,17 +26,18 @@ def mixed_claims(seed):
     return [
         claim("beats", "ours beats the baseline", "acc", 0.8, 0.5, ">", margin=0.1, kind="paper"),
         claim("fails", "ours beats it by a lot", "acc", 0.55, 0.5, ">", margin=0.1, kind="paper"),
-        # agreement without a control: holds, proves nothing
-        claim("agrees_bare", "ours agrees with the baseline", "acc", 0.52, 0.5, "~", margin=0.05,
-              kind="paper"),
+        # agreement without a control (claim() now refuses one; results written before the rule
+        # hold it): holds, proves nothing
+        replace(claim("agrees_bare", "ours agrees with the baseline", "acc", 0.52, 0.5, "~",
+                      margin=0.05, kind="paper", control=0.2), control=None, control_fails=None),
         # agreement whose control (0.2, off by 0.3) fails the rule: evidence
         claim("agrees_ctl", "ours agrees with the baseline", "acc", 0.52, 0.5, "~", margin=0.05,
               kind="paper", control=0.2),
         # non-inferiority as a negative margin (ours may be up to 0.05 below), no control
         claim("noninf", "ours is not worse than the baseline", "acc", 0.47, 0.5, ">",
               margin=-0.05, kind="paper"),
-        claim("equal_lib", "from scratch equals the library", "max abs diff", 1e-9, 1e-6, "<=",
-              kind="sanity"),
+        claim("equal_lib", "from scratch equals the library", "max abs diff", 1e-9, 0.0, "~",
+              margin=1e-6, kind="sanity", control=0.1),
         claim("contracts", "VI contracts at rate gamma", "ratio", 0.85, 0.9, "<=", kind="theorem"),
         claim("budget", "every arm gets the same samples", "ratio", 1.0, 1.0, ">=", kind="design"),
     ]
@@ -50,8 +52,10 @@ def test_only_paper_claims_are_counted():
     assert [r["kind"] for r in rows] == ["paper"] * 5 + ["sanity", "theorem", "design"]
     # 8 claims hold or not; 5 are paper claims; of the 4 paper claims that hold in every seed,
     # 2 are agreement / non-inferiority claims without a control
-    assert report.paper_count(rows) == {"reproduced": 2, "paper": 5, "not_evidence": 2,
-                                        "other": {"sanity": 1, "theorem": 1, "design": 1}}
+    assert report.paper_count(rows) == {
+        "reproduced": 2, "paper": 5, "not_evidence": 2, "second_papers": {},
+        "extension": {"reproduced": 0, "of": 0, "not_evidence": 0},
+        "other": {"sanity": 1, "theorem": 1, "design": 1}}
     assert report.count_line(rows) == ("Paper claims reproduced: 2 of 5 (2 hold but are not "
                                        "evidence); not counted: 1 design, 1 sanity, 1 theorem.")
     md = report.markdown(rows)
@@ -88,11 +92,119 @@ def test_post_hoc_is_marked():
         claim("bar", "reaches the bar", "return", 480.0, 450.0, ">=", kind="paper", post_hoc=True),
         claim("other", "beats", "acc", 0.9, 0.5, ">", kind="paper")]) for s in (0, 1)])
     assert [r["post_hoc"] for r in rows] == [True, False]
+    # flagged in every seed: no seed left to judge it, so it never counts as reproduced
+    assert rows[0]["verdict"] == report.NO_UNSEEN and rows[1]["verdict"] == "holds"
+    assert report.paper_count(rows)["reproduced"] == 1
     lines = report.markdown(rows).splitlines()
-    note = "post hoc: margin set after seeing results"
+    note = "post hoc: judged on seeds looked at while choosing it"
     assert note in next(x for x in lines if "reaches the bar" in x)
     assert note not in next(x for x in lines if "| beats" in x)
     assert note in report.render_html(rows, [], [])
+
+
+def test_post_hoc_from_looked_at_seeds(tmp_path, monkeypatch):
+    """A claim judged on a seed looked at while choosing something it depends on is post hoc,
+    whatever the notebook remembers; its verdict comes from the other seeds only."""
+    from agentrl_lib.pipeline.results import looked_at
+
+    runs = tmp_path / "runs"
+    seen = [looked_at([0], "the margin", claims=["up"]),
+            looked_at([0, 1], "adv_mode", claims=["mode"])]
+    for s in (0, 1, 2):
+        d = runs / "cpu" / "05_mixed" / f"seed{s}"
+        d.mkdir(parents=True)
+        monkeypatch.setenv("AGENTRL_RUN_DIR", str(d))
+        # 'up' fails on the looked-at seed 0 only; 'mode' fails on seed 2, never looked at
+        cs = [claim("up", "s", "acc", 0.4 if s == 0 else 0.9, 0.5, ">", kind="paper"),
+              claim("mode", "s", "acc", 0.4 if s == 2 else 0.9, 0.5, ">", kind="paper")]
+        write_results("05_mixed", {"seed": s, "profile": "cpu"}, {}, cs, looked_at=seen)
+        assert [c.post_hoc for c in cs] == [s == 0, s in (0, 1)]
+    saved = json.loads((runs / "cpu/05_mixed/seed0/results.json").read_text())
+    assert saved["looked_at"][0] == {"seeds": [0], "what": "the margin", "claims": ["up"]}
+    assert saved["claims"][0]["looked_at"] == "seeds 0 looked at while choosing the margin"
+    assert saved["claims"][1]["looked_at"] == "seeds 0, 1 looked at while choosing adv_mode"
+    up, mode = report.summarise(report.collect(runs))
+    assert (up["verdict"], up["post_hoc"]) == ("holds", True)  # seeds 1, 2 only
+    assert "verdict from the seeds never looked at" in up["why"]
+    assert mode["verdict"] == "does not hold"  # seed 2 alone judges it
+    with pytest.raises(ValueError, match="do not exist"):
+        write_results("05_mixed", {"seed": 0, "profile": "cpu"}, {}, [],
+                      looked_at=[looked_at([0], "x", claims=["nope"])])
+
+
+def test_counts_exclude_extensions_and_second_papers():
+    rows = report.summarise([result(s, [
+        claim("own", "beats", "acc", 0.9, 0.5, ">", kind="paper"),
+        claim("aepo", "AEPO beats ARPO", "acc", 0.9, 0.5, ">", kind="paper", paper_id="aepo"),
+        claim("ours", "our ablation", "acc", 0.9, 0.5, ">", kind="extension"),
+        claim("ours2", "another", "acc", 0.1, 0.5, ">", kind="extension")]) for s in (0, 1)])
+    c = report.paper_count(rows)
+    assert (c["reproduced"], c["paper"]) == (1, 1)
+    assert c["second_papers"] == {"aepo": {"reproduced": 1, "of": 1, "not_evidence": 0}}
+    assert c["extension"] == {"reproduced": 1, "of": 2, "not_evidence": 0} and c["other"] == {}
+    assert report.count_line(rows) == (
+        "Paper claims reproduced: 1 of 1; claims of aepo (another paper) reproduced: 1 of 1; "
+        "extensions (our own findings, not the paper's): 1 of 2 hold.")
+    assert "| paper of aepo |" in report.markdown(rows)
+
+
+def test_registry_refuses_bad_claims():
+    """One-line errors naming the problem: a bad kind, a tolerance agreement written '<=' (any
+    kind, control or not), a counted '~' agreement without control, paper_id on another kind."""
+    with pytest.raises(ValueError, match=r"^claim 'c': unknown claim kind 'papers'"):
+        claim("c", "s", "m", 1, 0, kind="papers")
+    for d in ("<", "<="):
+        with pytest.raises(ValueError, match=r"^claim 'scratch_equals_library': an agreement "):
+            claim("scratch_equals_library", "s", "max |diff|", 0.0, 1e-9, d, kind="sanity",
+                  control=1.0)
+    with pytest.raises(ValueError, match="needs control="):
+        claim("lm_matches", "s", "acc", 0.5, 0.5, "~", margin=0.05, kind="extension")
+    with pytest.raises(ValueError, match="paper_id='aepo'") as err:
+        claim("c", "s", "m", 1, 0, kind="extension", paper_id="aepo")
+    assert "\n" not in str(err.value)
+    # allowed: exact equality; a sanity '~' (the report says 'not evidence'); a bar '<='
+    claim("same_start", "s", "acc", 0.5, 0.5, "~", kind="sanity")
+    claim("lib_agrees", "s", "d", 0.0, 0.0, "~", margin=1e-9, kind="theorem")
+    claim("vi_contracts", "s", "ratio", 0.85, 0.9, "<=", kind="theorem")
+
+
+def test_relabel_takes_kinds_from_the_notebook(tmp_path, monkeypatch):
+    """relabel changes only kind and paper_id, from the notebook's claim() calls; every number
+    and verdict stays; RESULTS.md is rebuilt from the tables with the new counts."""
+    runs, repro, nbs = tmp_path / "runs", tmp_path / "reproductions", tmp_path / "notebooks"
+    for s in (0, 1):
+        d = runs / "cpu" / "05_mixed" / f"seed{s}"
+        d.mkdir(parents=True)
+        monkeypatch.setenv("AGENTRL_RUN_DIR", str(d))
+        write_results("05_mixed", {"seed": s, "profile": "cpu"}, {}, [
+            claim("own", "beats", "acc", 0.9, 0.5, ">", kind="paper"),
+            claim("ablation", "ours", "acc", 0.9, 0.5, ">", kind="paper"),
+            claim("aepo_arm", "AEPO", "acc", 0.9, 0.5, ">", kind="paper")])
+    report.publish(runs, repro, "cpu")
+    before = (repro / "05_mixed/cpu_summary.csv").read_text()
+    nbs.mkdir()
+    src = ('%matplotlib inline\nclaims = [claim("own", "beats", "acc", a, b, ">", kind="paper"),\n'
+           '  claim("ablation", "ours", "acc", a, b, ">", kind="extension"),\n'
+           '  claim("aepo_arm", "AEPO", "acc", a, b, ">", kind="paper", paper_id="aepo"),\n'
+           '  claim(f"x{i}", "built", "acc", a, b, kind="design")]')
+    cell = {"cell_type": "code", "source": [src], "metadata": {}, "outputs": []}
+    (nbs / "05_mixed.ipynb").write_text(json.dumps({"cells": [cell]}))
+    assert report.claim_kinds(nbs / "05_mixed.ipynb") == {
+        "own": ("paper", ""), "ablation": ("extension", ""), "aepo_arm": ("paper", "aepo"),
+        "x*": ("design", "")}  # an id built from a literal prefix matches by the prefix
+    assert report.relabel(repro, nbs, "cpu") == ["05_mixed ablation: paper -> extension",
+                                                 "05_mixed aepo_arm: paper -> paper of aepo"]
+    with (repro / "05_mixed/cpu_summary.csv").open() as f:
+        after = list(csv.DictReader(f))
+    with io.StringIO(before) as f:
+        old = list(csv.DictReader(f))
+    for a, b in zip(after, old):
+        assert {k: v for k, v in a.items() if k not in ("kind", "paper_id")} == \
+            {k: v for k, v in b.items() if k not in ("kind", "paper_id")}
+    assert report.relabel(repro, nbs, "cpu") == []  # nothing left to change
+    md = report.rebuild_results_md(repro, "cpu").read_text()
+    assert ("Paper claims reproduced: 1 of 1; claims of aepo (another paper) reproduced: 1 of 1; "
+            "extensions (our own findings, not the paper's): 1 of 1 hold.") in md
 
 
 def test_old_results_without_kind_stay_readable():
@@ -176,7 +288,7 @@ def test_publish_columns_and_curves_csv(tmp_path, monkeypatch):
         table = list(csv.DictReader(f))
     assert list(table[0]) == report.CSV_COLUMNS
     assert [(t["claim"], t["kind"], t["verdict"], t["post_hoc"]) for t in table] == [
-        ("agree", "paper", "holds", "False"), ("bar", "paper", "holds", "True")]
+        ("agree", "paper", "holds", "False"), ("bar", "paper", report.NO_UNSEEN, "True")]
     assert table[0]["negative_control"] == "0.3"
     assert table[0]["control_verdict"] == "control fails (every seed)"
     with (tmp_path / "reproductions/05_mixed/cpu_curves.csv").open() as f:
@@ -184,7 +296,7 @@ def test_publish_columns_and_curves_csv(tmp_path, monkeypatch):
     assert (curve["curve"], curve["runs"], curve["start"], curve["peak"], curve["final"],
             curve["collapsed_runs"]) == ("acc", "2", "0.3", "= final", "0.65 ± 0.071", "0")
     md = (tmp_path / "reproductions/RESULTS.md").read_text()
-    assert "Paper claims reproduced: 2 of 2." in md and "post hoc" in md
+    assert "Paper claims reproduced: 1 of 2." in md and "post hoc" in md
 
 
 def test_which_claims_need_a_control():
@@ -223,3 +335,40 @@ def test_publish_one_notebook_keeps_the_others_rows(tmp_path, monkeypatch):
     md = (repro / "RESULTS.md").read_text()
     assert md.count("| 05_mixed | cpu |") == md.count("| 06_other | cpu |") > 0
     assert report.markdown(rows, curves) in md
+
+
+def test_old_tables_post_hoc_rows_need_unseen_seeds(tmp_path):
+    """A post-hoc row of a table published before the looked_at column judged every seed, the
+    looked-at ones too: read back, it is 'post hoc: no unseen seeds' and is not counted."""
+    table = tmp_path / "05_mixed" / "cpu_summary.csv"
+    table.parent.mkdir()
+    old_columns = report.CSV_COLUMNS[:-2]  # no paper_id, no looked_at
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, old_columns, restval="")
+        w.writeheader()
+        for cid, post in (("bar", "True"), ("beats", "False")):
+            w.writerow({"claim": cid, "kind": "paper", "margin": "0", "seeds": "0 1 2",
+                        "verdict": "holds", "post_hoc": post, "asserted": "True"})
+    bar, beats = report.rows_from_tables(tmp_path, "cpu")[0]
+    assert bar["verdict"] == report.NO_UNSEEN and "holds" in bar["why"]
+    assert beats["verdict"] == "holds"
+    assert report.paper_count([bar, beats])["reproduced"] == 1
+
+
+def test_notebook_claims_name_known_kinds_and_papers():
+    """Every claim() call of the notebooks names a kind of the registry, and a second paper by
+    its id in the catalog (../shared/papers/catalog.csv, when this checkout has it)."""
+    from pathlib import Path
+
+    from agentrl_lib.pipeline.results import KINDS
+
+    root = Path(__file__).resolve().parents[1]
+    kinds = {(nb.stem, cid): k for nb in sorted((root / "notebooks").glob("*.ipynb"))
+             for cid, k in report.claim_kinds(nb).items()}
+    assert len(kinds) > 300 and {k for k, _ in kinds.values()} <= set(KINDS)
+    assert kinds["55_arpo", "aepo_vs_arpo"] == ("paper", "aepo")
+    catalog = root.parent / "shared" / "papers" / "catalog.csv"
+    if catalog.is_file():
+        with catalog.open(newline="") as f:
+            ids = {row["id"] for row in csv.DictReader(f)}
+        assert {p for _, p in kinds.values() if p} <= ids

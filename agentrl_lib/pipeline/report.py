@@ -11,13 +11,17 @@ paper's number and where in the paper it comes from, and three verdicts:
 
 Each row shows the claim's ``kind`` (results.json files written before kinds existed read as
 'unknown', and the report says so); only ``paper`` claims count when the report says how many of a
-paper's claims reproduce. A ``post_hoc`` claim (its margin set after seeing results) is marked. A
-claim with a negative control shows the control's value and whether it failed the claim's rule.
-A claim that holds in every seed is reported as 'not evidence' instead of 'holds' when its control
-passes too in some seed, or when it needs a control and has none: every agreement claim within a
-tolerance ('~' with a margin > 0; an exact equality needs none) and every non-inferiority ``paper`` claim ('>' or '<' with a negative margin, the encoding
-``results.claim`` asks for). A paper claim counts as reproduced when it holds in every seed and is
-evidence.
+paper's claims reproduce, the notebook's own paper's apart from a second paper's (``paper_id``);
+``extension`` claims (the notebook's own findings) are counted apart and never as the paper's. A
+``post_hoc`` claim (judged on a seed looked at while choosing something, ``results.looked_at``) is
+marked, and its verdict comes from the seeds never looked at only ('post hoc: no unseen seeds' when
+there are none; such a claim never counts as reproduced). A claim with a negative control shows the
+control's value and whether it failed the claim's rule. A claim that holds in every seed is
+reported as 'not evidence' instead of 'holds' when its control passes too in some seed, or when it
+needs a control and has none: every agreement claim within a tolerance ('~' with a margin > 0; an
+exact equality needs none) and every non-inferiority ``paper`` claim ('>' or '<' with a negative
+margin, the encoding ``results.claim`` asks for). A paper claim counts as reproduced when it holds
+in every seed and is evidence.
 
 Learning curves (``results.learning_curve`` under ``metrics["curve/<name>"]``) are summarised per
 notebook: start, peak (where it differs from final) and final, mean +- std over runs and seeds, and
@@ -79,17 +83,19 @@ def family_of(result: dict) -> str:
 
 
 UNKNOWN_KIND = "unknown"
+NO_UNSEEN = "post hoc: no unseen seeds"
+"""The verdict of a post-hoc claim judged only on seeds looked at while choosing it."""
 """The kind of a claim read from a results.json written before claims had kinds."""
 
 
 def needs_control(c: dict) -> bool:
     """Agreement claims within a tolerance ('~' with a margin > 0), and non-inferiority paper
-    claims (a negative margin on '>' or '<'), pass for an arm that does nothing different; only a
+    (or extension) claims (a negative margin on '>' or '<'), pass for an arm that does nothing different; only a
     failing negative control makes them evidence. An exact equality ('~' with margin 0) fails at
     any difference, so it needs none."""
     if c.get("direction") == "~":
         return (c.get("margin") or 0.0) > 0
-    return (c.get("kind") == "paper" and c.get("direction") in (">", "<")
+    return (c.get("kind") in ("paper", "extension") and c.get("direction") in (">", "<")
             and (c.get("margin") or 0.0) < 0)
 
 
@@ -156,11 +162,14 @@ def summarise(results: list[dict]) -> list[dict]:
         items = groups[(nb, profile, point, cid)]
         items.sort(key=lambda t: (t[0] is None, t[0]))
         claims = [c for _, c, _ in items]
-        n_hold = sum(bool(c["holds"]) for c in claims)
-        n = len(claims)
-        verdict = "holds" if n_hold == n else ("does not hold" if n_hold == 0 else
-                                               f"mixed {n_hold}/{n}")
-        verdict, why = _evidence_verdict(verdict, claims)
+        # a post-hoc claim is judged on the seeds never looked at while choosing it
+        seen = [s for s, c, _ in items if c.get("post_hoc")]
+        judged = [c for c in claims if not c.get("post_hoc")]
+        verdict, why = _seed_verdict(judged)
+        if seen and not judged:
+            verdict, why = NO_UNSEEN, "its verdict must come from seeds never looked at"
+        elif seen:
+            why = "; ".join(x for x in (why, "verdict from the seeds never looked at") if x)
         first = claims[0]
         paper = meta[nb].get("paper") or {}
         # the claim's own direction and margin applied to the means over seeds (a bar stated on
@@ -176,8 +185,9 @@ def summarise(results: list[dict]) -> list[dict]:
             "family": family_of(meta[nb]), "point": point,
             "notebook": nb, "title": meta[nb].get("title") or nb, "paper": paper.get("title"),
             "url": paper.get("url"), "profile": profile, "claim": cid,
-            "kind": first.get("kind") or UNKNOWN_KIND,
-            "post_hoc": any(bool(c.get("post_hoc")) for c in claims),
+            "kind": first.get("kind") or UNKNOWN_KIND, "paper_id": first.get("paper_id") or "",
+            "post_hoc": bool(seen), "looked_at": next((c["looked_at"] for c in claims
+                                                       if c.get("looked_at")), ""),
             "statement": first["statement"], "metric": first["metric"],
             "direction": first.get("direction", ""), "margin": first.get("margin", 0.0),
             "asserted": first.get("asserted", True),
@@ -193,25 +203,54 @@ def summarise(results: list[dict]) -> list[dict]:
     return rows
 
 
+def _seed_verdict(claims: list[dict]) -> tuple[str, str]:
+    """(verdict, why) over these seeds' claims: 'holds' in every one, 'does not hold' in none,
+    'mixed k/n', then ``_evidence_verdict``."""
+    n_hold, n = sum(bool(c["holds"]) for c in claims), len(claims)
+    verdict = "holds" if n_hold == n else ("does not hold" if n_hold == 0 else
+                                           f"mixed {n_hold}/{n}")
+    return _evidence_verdict(verdict, claims)
+
+
+def _tally(rows: list[dict]) -> dict:
+    return {"reproduced": sum(r["verdict"] == "holds" for r in rows), "of": len(rows),
+            "not_evidence": sum(r["verdict"] == "not evidence" for r in rows)}
+
+
 def paper_count(rows: list[dict]) -> dict:
-    """How many ``paper`` claims of these rows reproduce (hold in every seed and are evidence),
-    and how many rows of each other kind were left out of that count.
+    """How many of the notebook's own paper's claims (kind ``paper``, no ``paper_id``) reproduce:
+    hold in every (unseen) seed and are evidence; the same per second paper (``paper_id``); how
+    many ``extension`` claims hold (never counted as the paper's); and how many rows of each
+    other kind were left out.
 
     >>> paper_count([{"kind": "paper", "verdict": "holds"}, {"kind": "paper",
-    ...              "verdict": "not evidence"}, {"kind": "sanity", "verdict": "holds"}])
-    {'reproduced': 1, 'paper': 2, 'not_evidence': 1, 'other': {'sanity': 1}}
+    ...              "verdict": "not evidence"}, {"kind": "sanity", "verdict": "holds"},
+    ...              {"kind": "paper", "paper_id": "aepo", "verdict": "holds"},
+    ...              {"kind": "extension", "verdict": "does not hold"}])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'reproduced': 1, 'paper': 2, 'not_evidence': 1,
+     'second_papers': {'aepo': {'reproduced': 1, 'of': 1, 'not_evidence': 0}},
+     'extension': {'reproduced': 0, 'of': 1, 'not_evidence': 0}, 'other': {'sanity': 1}}
     """
-    paper = [r for r in rows if r["kind"] == "paper"]
+    own = [r for r in rows if r["kind"] == "paper" and not r.get("paper_id")]
+    seconds: dict[str, list] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "paper" and r.get("paper_id"):
+            seconds[r["paper_id"]].append(r)
     other: dict[str, int] = {}
     for r in rows:
-        if r["kind"] != "paper":
+        if r["kind"] not in ("paper", "extension"):
             other[r["kind"]] = other.get(r["kind"], 0) + 1
-    return {"reproduced": sum(r["verdict"] == "holds" for r in paper), "paper": len(paper),
-            "not_evidence": sum(r["verdict"] == "not evidence" for r in paper), "other": other}
+    t = _tally(own)
+    return {"reproduced": t["reproduced"], "paper": t["of"], "not_evidence": t["not_evidence"],
+            "second_papers": {k: _tally(v) for k, v in sorted(seconds.items())},
+            "extension": _tally([r for r in rows if r["kind"] == "extension"]), "other": other}
 
 
 def count_line(rows: list[dict]) -> str:
-    """One sentence: how many of the paper's claims reproduce, and what was not counted."""
+    """One sentence: how many of the paper's claims reproduce (the headline: the notebook's own
+    paper's claims only), then a second paper's, the extensions apart, and what was not
+    counted."""
     c = paper_count(rows)
     if c["paper"]:
         line = f"Paper claims reproduced: {c['reproduced']} of {c['paper']}"
@@ -219,6 +258,11 @@ def count_line(rows: list[dict]) -> str:
             line += f" ({c['not_evidence']} hold but are not evidence)"
     else:
         line = "No paper claims"
+    for pid, t in c["second_papers"].items():
+        line += f"; claims of {pid} (another paper) reproduced: {t['reproduced']} of {t['of']}"
+    if c["extension"]["of"]:
+        line += (f"; extensions (our own findings, not the paper's): {c['extension']['reproduced']}"
+                 f" of {c['extension']['of']} hold")
     known = {k: v for k, v in c["other"].items() if k != UNKNOWN_KIND}
     if known:
         line += "; not counted: " + ", ".join(f"{v} {k}" for k, v in sorted(known.items()))
@@ -307,12 +351,21 @@ def _paper_cell(r: dict) -> str:
     return pv + (f" ({r['source']})" if r.get("source") and pv else "")
 
 
-POST_HOC_NOTE = "post hoc: margin set after seeing results"
+POST_HOC_NOTE = ("post hoc: judged on seeds looked at while choosing it; its verdict comes from "
+                 "seeds never looked at")
+
+
+def _post_hoc_text(r: dict) -> str:
+    return POST_HOC_NOTE + (f" ({r['looked_at']})" if r.get("looked_at") else "")
+
+
+def _kind_cell(r: dict) -> str:
+    return r["kind"] + (f" of {r['paper_id']}" if r.get("paper_id") else "")
 
 
 def _claim_cell(r: dict) -> str:
     cell = f"{r['statement']} ({r['metric']}, {r['direction']})"
-    return cell + (f" — *{POST_HOC_NOTE}*" if r.get("post_hoc") else "")
+    return cell + (f" — *{_post_hoc_text(r)}*" if r.get("post_hoc") else "")
 
 
 def _verdict_cell(r: dict) -> str:
@@ -340,7 +393,7 @@ def markdown(rows: list[dict], curve_rows: list[dict] | None = None) -> str:
         for r in fam_rows:
             seeds = ",".join(str(s) for s in r["seeds"])
             prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
-            body.append(f"| {r['notebook']} | {prof} | {_claim_cell(r)} | {r['kind']} | "
+            body.append(f"| {r['notebook']} | {prof} | {_claim_cell(r)} | {_kind_cell(r)} | "
                         f"{r['ours']} | {r['baseline']} | {_paper_cell(r)} | {_control_text(r)} | "
                         f"{seeds} | {_verdict_cell(r)} | {r['on_mean']} | "
                         f"{r.get('iqm', '—')} | {r.get('confident', '—')} |")
@@ -456,7 +509,9 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
              " notebooks. A verdict 'holds' means the claim held in every seed listed; 'not "
              "evidence' means it held, but its negative control passed too, or it is an agreement "
              "or non-inferiority claim without a control. Only claims of kind 'paper' count "
-             "towards a paper reproducing.</p>"]
+             "towards a paper reproducing (a second paper's, 'paper of <id>', for that paper); "
+             "'extension' claims, the notebook's own findings, are counted apart; a post-hoc "
+             "claim's verdict comes from the seeds never looked at.</p>"]
     by_nb = defaultdict(list)
     for r in rows:
         by_nb[r["notebook"]].append(r)
@@ -489,11 +544,12 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 r["verdict"], "mixed")
             note = "" if r["asserted"] else "<br><span class='small'>reported, not asserted</span>"
             why = f"<br><span class='small'>{e(r['why'])}</span>" if r.get("why") else ""
-            post = (f"<br><span class='mixed'>{e(POST_HOC_NOTE)}</span>" if r.get("post_hoc")
+            post = (f"<br><span class='mixed'>{e(_post_hoc_text(r))}</span>" if r.get("post_hoc")
                     else "")
             prof = r["profile"] + (f" [{r['point']}]" if r.get("point") else "")
             parts.append(
-                f"<tr><td>{e(prof)}</td><td>{e(r['statement'])}{post}</td><td>{e(r['kind'])}</td>"
+                f"<tr><td>{e(prof)}</td><td>{e(r['statement'])}{post}</td>"
+                f"<td>{e(_kind_cell(r))}</td>"
                 f"<td>{e(r['metric'])} ({e(r['direction'])})</td><td>{e(r['ours'])}</td>"
                 f"<td>{e(r['baseline'])}</td><td>{e(_paper_cell(r))}</td>"
                 f"<td>{e(_control_text(r))}</td>"
@@ -569,9 +625,11 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
 CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "margin",
                "ours_mean_std", "baseline", "paper_value", "paper_source", "negative_control",
                "control_verdict", "seeds", "verdict", "verdict_why", "post_hoc", "on_seed_mean",
-               "iqm_diff_ci", "confident", "asserted", "device", "wall_s", "family"]
+               "iqm_diff_ci", "confident", "asserted", "device", "wall_s", "family", "paper_id",
+               "looked_at"]
 """Columns of ``reproductions/<notebook>/<profile>_summary.csv``, one row per claim (tables
-written before ``family`` was a column read their family from the notebook's number)."""
+written before ``family``, ``paper_id`` or ``looked_at`` were columns read their family from the
+notebook's number, and no second paper and no reason)."""
 CURVE_CSV_COLUMNS = ["curve", "point", "runs", "seeds", "start", "peak", "final",
                      "higher_is_better", "collapse_drop", "collapsed_runs"]
 """Columns of ``reproductions/<notebook>/<profile>_curves.csv``, one row per learning curve."""
@@ -581,10 +639,20 @@ def _bool(cell: str) -> bool:
     return cell.strip() == "True"
 
 
+def _legacy_post_hoc(c: dict) -> dict:
+    """A post-hoc row of a table published before post-hoc verdicts came from unseen seeds (no
+    ``looked_at`` column): its verdict covered the looked-at seeds, so it becomes ``NO_UNSEEN``
+    and the old verdict moves into the reason."""
+    old = c["verdict"] + (f" ({c['verdict_why']})" if c.get("verdict_why") else "")
+    return {"verdict": NO_UNSEEN, "verdict_why": f"published over seeds that include the looked-at "
+                                                  f"ones: {old}; re-judge on unseen seeds"}
+
+
 def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
     """The claim rows and curve rows of one profile read back from the committed tables
     (``reproductions/<notebook>/<profile>_summary.csv`` and ``_curves.csv``): what ``summarise``
-    and ``summarise_curves`` gave when they were published, as far as ``markdown`` needs them."""
+    and ``summarise_curves`` gave when they were published, as far as ``markdown`` needs them
+    (a post-hoc row of an older table reads as ``NO_UNSEEN``: ``_legacy_post_hoc``)."""
     import csv
 
     rows, curve_rows = [], []
@@ -592,10 +660,13 @@ def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], 
         nb = path.parent.name
         with path.open(newline="") as f:
             for c in csv.DictReader(f):
+                if _bool(c["post_hoc"]) and "looked_at" not in c:
+                    c.update(_legacy_post_hoc(c))
                 rows.append({
                     "family": c.get("family") or family_of({"notebook": nb}), "notebook": nb,
                     "profile": profile, "point": c["point"], "claim": c["claim"],
-                    "kind": c["kind"], "post_hoc": _bool(c["post_hoc"]),
+                    "kind": c["kind"], "paper_id": c.get("paper_id") or "",
+                    "post_hoc": _bool(c["post_hoc"]), "looked_at": c.get("looked_at") or "",
                     "statement": c["statement"], "metric": c["metric"],
                     "direction": c["direction"], "margin": float(c["margin"] or 0.0),
                     "asserted": _bool(c["asserted"]),
@@ -655,7 +726,8 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                             r["paper_value"], r["source"], r["control"], r["control_verdict"],
                             " ".join(map(str, r["seeds"])), r["verdict"], r["why"],
                             r["post_hoc"], r["on_mean"], r["iqm"], r["confident"], r["asserted"],
-                            "; ".join(r["devices"]), r["wall_s"], r["family"]])
+                            "; ".join(r["devices"]), r["wall_s"], r["family"],
+                            r.get("paper_id", ""), r.get("looked_at", "")])
         written.append(path)
         nb_curves = [c for c in curve_rows if c["notebook"] == nb]
         curves_path = out / f"{profile}_curves.csv"
@@ -695,7 +767,9 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                f"Mean ± std over the seeds listed; verdict 'holds' means in every seed, 'not "
                f"evidence' that it held but its negative control passed too, or that it is an "
                f"agreement or non-inferiority claim without one. Only claims of kind `paper` count "
-               f"towards a paper reproducing.\n\n"
+               f"towards a paper reproducing (a second paper's, `paper of <id>`, for that paper); "
+               f"`extension` claims, the notebook's own findings, are counted apart; a post-hoc "
+               f"claim's verdict comes from the seeds never looked at.\n\n"
                f"{markdown(rows, curve_rows)}{end}")
     if start in old:
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
@@ -704,3 +778,82 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
     md.write_text(old)
     written.append(md)
     return written
+
+
+def claim_kinds(notebook: Path | str) -> dict[str, tuple[str, str]]:
+    """{claim id: (kind, paper_id or '')} of every ``claim(...)`` call in a notebook's code cells
+    whose kind is a string literal; an id built at run time from a literal prefix ("stabler_" +
+    name, f"lm_{x}") is keyed 'prefix*', any other is skipped. IPython lines (``%``, ``!``) are
+    blanked before parsing."""
+    import ast
+
+    out = {}
+    for cell in json.loads(Path(notebook).read_text())["cells"]:
+        src = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+        if "claim(" not in src:
+            continue
+        src = "\n".join("" if x.lstrip().startswith(("%", "!")) else x for x in src.splitlines())
+        for node in ast.walk(ast.parse(src)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "claim"):
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            cid = node.args[0] if node.args else kw.get("id")
+            kind, pid = kw.get("kind"), kw.get("paper_id")
+            if isinstance(cid, ast.BinOp) and isinstance(cid.op, ast.Add):
+                cid = cid.left
+                key = f"{cid.value}*" if isinstance(cid, ast.Constant) else None
+            elif isinstance(cid, ast.JoinedStr) and cid.values:
+                first = cid.values[0]
+                key = f"{first.value}*" if isinstance(first, ast.Constant) else None
+            else:
+                key = cid.value if isinstance(cid, ast.Constant) else None
+            if isinstance(key, str) and isinstance(kind, ast.Constant):
+                out[key] = (kind.value, pid.value if isinstance(pid, ast.Constant) else "")
+    return out
+
+
+def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> list[str]:
+    """Give the committed tables of one profile (``<profile>_summary.csv``) each claim's kind and
+    ``paper_id`` as its notebook's ``claim(...)`` call now writes them (``claim_kinds``), without
+    rerunning anything: no other cell changes, no number; a table keeps its columns (an old
+    layout gains ``paper_id`` where a row needs one). Returns one line per changed claim, 'notebook claim: old -> new'.
+    ``agentrl report --relabel PROFILE`` runs it and then rebuilds RESULTS.md from the tables."""
+    import csv
+
+    changes = []
+    for path in sorted(Path(repro_root).glob(f"*/{profile}_summary.csv")):
+        nb = path.parent.name
+        source = Path(notebooks_dir) / f"{nb}.ipynb"
+        kinds = claim_kinds(source) if source.is_file() else {}
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            table, columns = list(reader), list(reader.fieldnames or CSV_COLUMNS)
+        changed = False
+        prefixes = sorted((k for k in kinds if k.endswith("*")), key=len, reverse=True)
+        for row in table:
+            new = kinds.get(row["claim"]) or next(
+                (kinds[k] for k in prefixes if row["claim"].startswith(k[:-1])), None)
+            old = (row["kind"], row.get("paper_id") or "")
+            if new is not None and new != old:
+                changes.append(f"{nb} {row['claim']}: {' of '.join(filter(None, old))} -> "
+                               f"{' of '.join(filter(None, new))}")
+                row["kind"], row["paper_id"] = new
+                changed = True
+        if changed:  # the table keeps its layout; paper_id is added where a row needs one
+            if "paper_id" not in columns and any(r.get("paper_id") for r in table):
+                columns.append("paper_id")
+            with path.open("w", newline="") as f:
+                w = csv.DictWriter(f, columns, restval="", extrasaction="ignore")
+                w.writeheader()
+                w.writerows(table)
+    return changes
+
+
+def rebuild_results_md(repro_root: Path | str, profile: str) -> Path:
+    """Rewrite the profile's section of ``reproductions/RESULTS.md`` from the committed tables
+    alone (``publish`` over no runs)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as empty:
+        publish(empty, repro_root, profile)
+    return Path(repro_root) / "RESULTS.md"

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -37,9 +38,16 @@ from agentrl_lib.pipeline.paths import current_run_dir
 
 _START = time.time()
 DIRECTIONS = (">", "<", ">=", "<=", "~")
-KINDS = ("paper", "sanity", "theorem", "design")
-"""paper: the paper's claim against its baseline (the only kind counted as a paper reproducing);
-sanity: plumbing or equality checks; theorem: true by mathematics; design: true by construction"""
+KINDS = ("paper", "extension", "sanity", "theorem", "design")
+"""paper: the paper's claim against its baseline (the only kind counted as a paper reproducing;
+with ``paper_id``, a second paper's claim, counted for that paper); extension: the notebook's own
+finding or ablation (reported, never counted as the paper's); sanity: plumbing or equality
+checks; theorem: true by mathematics; design: true by construction (never a training outcome)"""
+COUNTED = ("paper", "extension")
+"""kinds whose verdicts are read as findings: a tolerance agreement among them needs a control"""
+AGREEMENT_ID = re.compile(r"(?:^|_)(?:equal|equals|match|matches|agree|agrees|same)(?:_|$)")
+"""a claim id that names an agreement ('scratch_equals_library', 'ppo_matches_grpo'): written
+'~' with the tolerance as margin, never '<' or '<=' a tolerance (which dodges the control rule)"""
 
 
 @dataclass
@@ -64,9 +72,15 @@ class Claim:
     kind: str = "paper"
     """one of ``KINDS``"""
     post_hoc: bool = False
-    """the margin or bar was set (or changed) after seeing results of the runs that judge it"""
+    """judged on a seed looked at while choosing something it depends on (set by
+    ``mark_post_hoc`` from the notebook's ``looked_at`` records, in ``write_results``)"""
     control: float | None = None
     control_fails: bool | None = None
+    paper_id: str | None = None
+    """a second paper's claim: that paper's catalog id (``../shared/papers/catalog.csv``, column
+    id); None: the notebook's own paper"""
+    looked_at: str | None = None
+    """why it is post hoc: which seeds were looked at while choosing what"""
 
     @property
     def evidence(self) -> bool:
@@ -77,37 +91,108 @@ class Claim:
 def claim(id: str, statement: str, metric: str, ours: float, baseline: float | None,
           direction: str = ">", margin: float = 0.0, paper_value=None,
           asserted: bool = True, source: str | None = None, *, kind: str,
-          post_hoc: bool = False, control: float | None = None) -> Claim:
+          post_hoc: bool = False, control: float | None = None,
+          paper_id: str | None = None) -> Claim:
     """Build a claim and decide it. ``kind`` is required (one of ``KINDS``); ``control`` is the
     metric of a negative-control arm, judged by the same rule against the same baseline (it
-    should fail: then ``control_fails`` is True).
+    should fail: then ``control_fails`` is True). ``paper_id``: the catalog id of a second
+    paper whose claim this is (kind 'paper' only). ``post_hoc=True`` marks a claim post hoc on
+    every seed; a notebook records ``looked_at`` instead, which names the seeds.
 
     A non-inferiority claim (ours may be somewhat below the baseline) is written as a negative
     ``margin`` on '>' (or '<'), never as a baseline shifted before the call: the report can only
     see the margin, and reports such a ``paper`` claim, like every '~' claim, as "not evidence"
     unless a control fails it.
 
+    Agreement within a tolerance has one form, whatever the sign of what is compared: '~' with
+    the tolerance as ``margin`` (a difference against baseline 0, or ours against the baseline)
+    and a ``control`` that must fail it. ValueError, one line naming the problem, for: an unknown
+    kind or direction; ``paper_id`` on another kind; an id naming an agreement (``AGREEMENT_ID``)
+    written '<' or '<=' a tolerance; a '~' claim of a counted kind (``COUNTED``) with a margin
+    but no control.
+
     direction: '>' ours > baseline + margin; '<' ours < baseline - margin; '>=' ours >= baseline
     (a bar to reach; margin unused); '<=' ours <= baseline; '~' |ours - baseline| <= margin.
 
     >>> claim("c", "beats", "acc", 0.9, 0.5, ">", margin=0.1, kind="paper").holds
     True
-    >>> claim("c", "similar", "acc", 0.62, 0.5, "~", margin=0.1, kind="paper").holds
+    >>> claim("c", "similar", "acc", 0.62, 0.5, "~", margin=0.1, kind="sanity").holds
     False
     >>> c = claim("c", "agrees", "acc", 0.52, 0.5, "~", margin=0.1, kind="paper", control=0.45)
     >>> c.holds, c.control_fails, c.evidence
     (True, False, False)
     """
     if direction not in DIRECTIONS:
-        raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+        raise ValueError(f"claim {id!r}: unknown direction {direction!r}; expected one of "
+                         f"{DIRECTIONS}")
     if kind not in KINDS:
-        raise ValueError(f"unknown claim kind {kind!r}; expected one of {KINDS}")
+        raise ValueError(f"claim {id!r}: unknown claim kind {kind!r}; expected one of {KINDS}")
+    if paper_id is not None and kind != "paper":
+        raise ValueError(f"claim {id!r}: paper_id={paper_id!r} names a second paper's claim, "
+                         f"which is kind 'paper', not {kind!r}")
+    if direction in ("<", "<=") and AGREEMENT_ID.search(id):
+        raise ValueError(f"claim {id!r}: an agreement within a tolerance is written '~' with "
+                         f"margin=<tolerance> and control=, not {direction!r} a tolerance")
+    if direction == "~" and margin > 0 and control is None and kind in COUNTED:
+        raise ValueError(f"claim {id!r}: a {kind} agreement within a tolerance needs control= "
+                         f"(an arm that must fail it)")
     holds = _rule(float(ours), baseline, direction, margin)
     control_fails = None if control is None else not _rule(float(control), baseline, direction,
                                                            margin)
     return Claim(id, statement, metric, float(ours), None if baseline is None else float(baseline),
                  direction, float(margin), paper_value, holds, asserted, source, kind,
-                 bool(post_hoc), None if control is None else float(control), control_fails)
+                 bool(post_hoc), None if control is None else float(control), control_fails,
+                 paper_id)
+
+
+@dataclass
+class LookedAt:
+    """Seeds looked at while choosing something (a margin, a setting, a potential, a mode, an
+    lr): a claim judged on one of them is post hoc (``mark_post_hoc``)."""
+
+    seeds: list[int]
+    what: str
+    claims: list[str] | None = None
+    """ids of the claims the choice bears on; None: every claim of the notebook"""
+
+
+def looked_at(seeds, what: str, claims=None) -> LookedAt:
+    """Record that ``seeds`` were looked at while choosing ``what``; pass the records to
+    ``write_results(..., looked_at=[...])``, which marks each claim judged on one of those seeds
+    post hoc and saves the records in results.json. ``claims``: the ids the choice bears on
+    (default every claim).
+
+    >>> looked_at(range(2), "adv_mode", claims=["beats"])
+    LookedAt(seeds=[0, 1], what='adv_mode', claims=['beats'])
+    """
+    seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    if not seeds or not what:
+        raise ValueError("looked_at needs the seeds looked at and what was chosen")
+    return LookedAt(seeds, what, None if claims is None else list(claims))
+
+
+def mark_post_hoc(claims: list[Claim], records: list[LookedAt], seed: int) -> list[Claim]:
+    """Set ``post_hoc`` (and ``looked_at``, the reason) on every claim this run (``seed``) judges
+    on a seed looked at while choosing something it depends on; the others are left as they
+    are. Returns ``claims`` (changed in place).
+
+    >>> cs = [claim("a", "s", "m", 1, 0, kind="paper"), claim("b", "s", "m", 1, 0, kind="paper")]
+    >>> [c.post_hoc for c in mark_post_hoc(cs, [looked_at([0], "margin", ["a"])], seed=0)]
+    [True, False]
+    >>> cs[0].looked_at
+    'seeds 0 looked at while choosing margin'
+    """
+    ids = {c.id for c in claims}
+    for r in records:
+        unknown = sorted(set(r.claims or ()) - ids)
+        if unknown:
+            raise ValueError(f"looked_at({r.what!r}) names claims that do not exist: {unknown}")
+    for c in claims:
+        whys = [f"seeds {', '.join(map(str, r.seeds))} looked at while choosing {r.what}"
+                for r in records if int(seed) in r.seeds and (r.claims is None or c.id in r.claims)]
+        if whys:
+            c.post_hoc, c.looked_at = True, "; ".join(whys)
+    return claims
 
 
 def _rule(ours: float, baseline: float | None, direction: str, margin: float) -> bool:
@@ -315,7 +400,8 @@ def claim_line(c: Claim) -> str:
     '[HOLDS] (asserted, paper) up: acc: ours=0.9 > baseline=0.5 (margin 0.1)'
     """
     flag = "asserted" if c.asserted else "reported"
-    kind = c.kind + (", post hoc" if c.post_hoc else "")
+    kind = c.kind + (f" of {c.paper_id}" if c.paper_id else "") + (", post hoc" if c.post_hoc
+                                                                     else "")
     base = "None" if c.baseline is None else f"{c.baseline:.4g}"
     fails = "fails, as it must" if c.control_fails else "PASSES: no evidence"
     ctrl = "" if c.control is None else f"; control={c.control:.4g} ({fails})"
@@ -330,8 +416,13 @@ def print_claims(claims: list[Claim]) -> None:
 
 
 def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim],
-                  extra: dict | None = None, panel_hash=None) -> Path:
+                  extra: dict | None = None, panel_hash=None,
+                  looked_at: list[LookedAt] | None = None) -> Path:
     """Write ``results.json`` atomically (a temp file renamed into place) and return its path.
+
+    ``looked_at``: the notebook's records of seeds looked at while choosing anything
+    (``looked_at``); the claims judged on them are marked post hoc (``mark_post_hoc``, in place)
+    and the records are saved under ``looked_at``.
 
     ``panel_hash``: the hash of the fixed evaluation panel (a string, or a dict of them), recorded
     as ``eval_panel_hash``; when not given, a ``panel_hash``/``panel_hashes`` metric is used, and
@@ -340,6 +431,7 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
     A parameter the notebook declares but ``params`` lacks raises ValueError once the file is
     written (``params_from`` builds a complete ``params``)."""
     seed = int(params.get("seed", 0))
+    mark_post_hoc(claims, looked_at or [], seed)
     meta = notebook_meta(notebook)
     payload = {
         "notebook": notebook,
@@ -352,6 +444,7 @@ def write_results(notebook: str, params: dict, metrics: dict, claims: list[Claim
         "params": params,
         "metrics": metrics,
         "claims": [asdict(c) for c in claims],
+        "looked_at": [asdict(r) for r in looked_at or []],
         "versions": package_versions(),
         "device": device_name(),
         "wall_s": round(time.time() - _START, 2),
