@@ -211,11 +211,31 @@ def table() -> str:
                      f"{r['episodes']} | {r['train_min']:.1f} | {ok(0.2 <= r['start'] <= 0.7)} | "
                      f"{ok(r['lift_se'] >= 3)} | {ok(r['train_min'] <= 5)} |")
     n = len(rows)
+    lines.append("\n" + reading(rows))
     lines.append(f"\n{n} of {len(CONTROLS)} controls run. Start in the window: "
                  f"{sum(0.2 <= r['start'] <= 0.7 for r in rows)} of {n}; GRPO lift >= 3 SE: "
                  f"{sum(r['lift_se'] >= 3 for r in rows)} of {n}; run within 5 minutes: "
                  f"{sum(r['train_min'] <= 5 for r in rows)} of {n}.")
     return "\n".join(lines)
+
+
+def reading(rows: list[dict]) -> str:
+    """What the failures have in common, from the rows: a lift below 3 SE with the invalid turns
+    it ends with, and every pick at the sweep's lowest lr (the sweep may not reach the task's)."""
+    out = []
+    for r in rows:
+        if r["lift_se"] < 3:
+            inv = r["final_invalid"]
+            why = ("a text task" if inv != inv else  # NaN: no turns
+                   f"its invalid turns went from {r['start_invalid']:.2f} to {inv:.2f}")
+            out.append(f"- {r['env']}: GRPO moved it {r['final'] - r['start']:+.3f} "
+                       f"({r['lift_se']:.1f} SE); {why}; tuning means by lr: "
+                       + ", ".join(f"{float(k):g}: {sum(v) / len(v):.3f}"
+                                   for k, v in r["sweep"].items()) + ".")
+    low = [r["env"] for r in rows if r["lr"] == min(LRS)]
+    out.append(f"- The pick is the sweep's lowest lr ({min(LRS):g}) for {len(low)} of {len(rows)}: "
+               f"{', '.join(low)}; a sweep reaching lower might serve those better (not run).")
+    return "Failed or edge cases:\n" + "\n".join(out)
 
 
 MD_HEAD = """# Positive controls: one BPE base per LM environment, and what plain GRPO makes of it
