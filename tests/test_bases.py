@@ -12,7 +12,7 @@ import pytest
 
 from agentrl_lib.algorithms import sft
 from agentrl_lib.models.tiny_lm import CONTEXT, load_tokenizer
-from agentrl_lib.pipeline.tuning import pick_lr
+from agentrl_lib.pipeline.tuning import edge_lr, pick_lr
 from agentrl_lib.pipeline.notebooks import repo_root
 from agentrl_lib.rollout import play_episodes, text_episodes_to_tokens
 
@@ -72,10 +72,18 @@ def test_committed_rows_are_consistent_and_the_table_renders_them():
         assert r["lift_se"] == pytest.approx(lift)
         assert r["panel_episodes"] >= 256 and r["env"] in PC.CONTROLS
         sweep = {float(k): v for k, v in r["sweep"].items()}
-        assert set(sweep) == set(PC.LRS) and r["lr"] == pick_lr(sweep)  # the one rule, re-derived
+        assert r["lr"] == pick_lr(sweep)  # the one rule, re-derived
+        replay = {lr: sweep[lr] for lr in PC.LRS}  # and the edge rule, replayed
+        for added in r.get("extended", []):
+            assert edge_lr(replay) == added
+            replay[added] = sweep[added]
+        assert replay == sweep
+        if "extended" in r:  # rows from before the rule (first_pass/, second_pass/) lack it
+            assert len(r["extended"]) == PC.EDGE_STEPS or edge_lr(replay) is None
     table = PC.table()  # the judged rows; first_pass/ and second_pass/ are the protocol's history
     judged = [json.loads(p.read_text()) for p in (SCRIPT.parent / "controls").glob("*.json")]
     for r in judged:
+        assert "extended" in r and r["panel_first"] in (PC.PANEL, PC.PANEL_EDGE), r["env"]
         line = next(ln for ln in table.splitlines() if ln.startswith(f"| {r['env']} |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
         want = ["yes" if ok else "no" for ok in (0.2 <= r["start"] <= 0.7, r["lift_se"] >= 3,

@@ -8,6 +8,10 @@
   metric (the metric's value at the end of training, on a panel drawn apart from the judged one);
   ties (equal means) go to the smaller lr, the more conservative step. For a metric where lower is
   better (a loss, an exploitability) pass ``higher_is_better=False``.
+- **An edge pick** (the sweep's smallest or largest lr) says the best lr may lie outside the
+  sweep: ``edge_lr`` names the next one past that edge (a factor ``step`` away); a sweep extended
+  this way, the same number of times at most for every arm (fixed before the runs), is still one
+  sweep.
 
 A notebook writes::
 
@@ -44,3 +48,26 @@ def pick_lr(scores: dict, *, higher_is_better: bool = True) -> float:
         return (not math.isnan(m), sign * m if not math.isnan(m) else 0.0, -float(lr))
 
     return max(scores, key=key)
+
+
+def edge_lr(scores: dict, step: float = 3.0, *, higher_is_better: bool = True) -> float | None:
+    """The lr to add when ``pick_lr`` picks an edge of the sweep: the smallest lr / ``step`` when
+    it picks the smallest, the largest * ``step`` when it picks the largest; None when the pick
+    lies inside (or the sweep has one lr, whose edges are both the pick: extend it by hand).
+
+    >>> edge_lr({3e-4: [0.2], 1e-3: [0.1], 3e-3: [0.0]})  # the smallest wins: try 1e-4
+    0.0001
+    >>> edge_lr({3e-4: [0.2], 1e-3: [0.3], 3e-3: [0.1]}) is None
+    True
+    >>> edge_lr({0.1: 0.2, 0.3: 0.5})  # the largest wins
+    0.9
+    """
+    if len(scores) < 2:
+        return None
+    pick = pick_lr(scores, higher_is_better=higher_is_better)
+    lo, hi = min(scores), max(scores)
+    if pick == lo:
+        return float(f"{lo / step:.3g}")
+    if pick == hi:
+        return float(f"{hi * step:.3g}")
+    return None

@@ -24,7 +24,12 @@ minutes and lifted three of them by >= 3 SE. A second pass of 150 updates at an 
 had lifted it) showed that an
 lr picked at one length does not carry to another. Every environment then got the same budget,
 ``iters`` updates with the lr picked at that same length (60; 20 for the 40-turn key-door, whose
-updates cost ten times more), judged on a panel no choice had looked at (4 * 10**6 + i).
+updates cost ten times more), judged on a panel no choice had looked at (4 * 10**6 + i). That
+pass picked the sweep's lowest lr for 8 of 13 environments, and two of those (chain, program) did
+not move: the edge rule (``tuning.edge_lr``: while the pick is the sweep's smallest or largest lr,
+tune the next lr past it, at most ``EDGE_STEPS`` times) was then applied to every row
+(``--extend``); a row whose pick changed was judged again on a fresh panel (``PANEL_EDGE``), its
+earlier numbers kept in the row (``before_edge_rule``). ``run`` applies the rule from the start.
 
 Run one environment (writes ``controls/<env>.json``) or assemble the table (``positive_controls.md``):
 
@@ -49,13 +54,17 @@ from agentrl_lib.algorithms import grpo, sft
 from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.envs.program_synth import program_reward
 from agentrl_lib.envs.text_tasks import make_problems
-from agentrl_lib.pipeline.tuning import pick_lr
+from agentrl_lib.pipeline.tuning import edge_lr, pick_lr
 from agentrl_lib.rewards import correctness_reward
 
 HERE = Path(__file__).resolve().parent
 LRS = (3e-4, 1e-3, 3e-3)
 TUNING_SEEDS = (1000, 2000)
 PANEL, TUNING_PANEL = 4 * 10**6, 2 * 10**6
+PANEL_EDGE = 5 * 10**6
+"""the judged panel of a row whose lr the edge rule changed (no choice looked at it)"""
+EDGE_STEPS = 2
+"""lrs past the sweep's edge tried at most (``tuning.edge_lr``, a factor 3 each)"""
 
 
 @dataclass
@@ -156,23 +165,60 @@ def start(name: str) -> dict:
     return dict(env=name, base=ctl.base, build_s=build_s, **panel(base, tok, cfg, ctl, PANEL))
 
 
-def run(name: str) -> dict:
+def tune(base, tok, cfg, ctl: Control, lr: float) -> list[float]:
+    """Final tuning-panel success of ``lr`` at each tuning seed (``iters`` updates each)."""
+    scores = []
+    for s in TUNING_SEEDS:
+        model = copy.deepcopy(base)
+        train(model, tok, cfg, ctl, lr, ctl.iters, s)
+        scores.append(panel(model, tok, cfg, ctl, TUNING_PANEL)["success"])
+    return scores
+
+
+def extend_sweep(base, tok, cfg, ctl: Control, sweep: dict) -> list[float]:
+    """Add ``tuning.edge_lr`` to ``sweep`` (tuned) while the pick is at an edge, at most
+    ``EDGE_STEPS`` times; returns the lrs added."""
+    added = []
+    while len(added) < EDGE_STEPS and (nxt := edge_lr(sweep)) is not None:
+        sweep[nxt] = tune(base, tok, cfg, ctl, nxt)
+        added.append(nxt)
+    return added
+
+
+def run(name: str, first: int = PANEL) -> dict:
     ctl, cfg, base, tok, build_s = load(name)
-    start_ = panel(base, tok, cfg, ctl, PANEL)
-    sweep = {}
-    for lr in LRS:
-        scores = []
-        for s in TUNING_SEEDS:
-            model = copy.deepcopy(base)
-            train(model, tok, cfg, ctl, lr, ctl.iters, s)
-            scores.append(panel(model, tok, cfg, ctl, TUNING_PANEL)["success"])
-        sweep[lr] = scores
+    start_ = panel(base, tok, cfg, ctl, first)
+    sweep = {lr: tune(base, tok, cfg, ctl, lr) for lr in LRS}
+    extended = extend_sweep(base, tok, cfg, ctl, sweep)
+    return judge(name, ctl, cfg, base, tok, build_s, start_, sweep, extended, first)
+
+
+def extend(name: str) -> dict:
+    """The edge rule on a committed row: tune the lrs past the sweep's edge; where the pick
+    changes, judge the new lr on a fresh panel (``PANEL_EDGE``), start included."""
+    old = json.loads((HERE / "controls" / f"{name}.json").read_text())
+    ctl, cfg, base, tok, build_s = load(name)
+    sweep = {float(k): v for k, v in old["sweep"].items()}
+    extended = extend_sweep(base, tok, cfg, ctl, sweep)
+    if pick_lr(sweep) == old["lr"]:
+        row = {**old, "sweep": {str(k): v for k, v in sweep.items()}, "extended": extended,
+               "panel_first": old.get("panel_first", PANEL)}
+        (HERE / "controls" / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
+        return row
+    start_ = panel(base, tok, cfg, ctl, PANEL_EDGE)
+    return judge(name, ctl, cfg, base, tok, build_s, start_, sweep, extended, PANEL_EDGE,
+                 before={k: old[k] for k in ("start", "final", "lr", "lift_se")})
+
+
+def judge(name, ctl, cfg, base, tok, build_s, start_, sweep, extended, first, before=None):
+    """Train at the picked lr with training seed 0, judge on the panel at ``first``, write the
+    row."""
     lr = pick_lr(sweep)
     model = copy.deepcopy(base)
     t1 = time.time()
     train(model, tok, cfg, ctl, lr, ctl.iters, 0)
     train_min = (time.time() - t1) / 60
-    final = panel(model, tok, cfg, ctl, PANEL)
+    final = panel(model, tok, cfg, ctl, first)
     n = start_["episodes"]
     se = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / n)  # noqa: E731
     p0, p1 = start_["success"], final["success"]
@@ -180,7 +226,10 @@ def run(name: str) -> dict:
                se_final=se(p1), lift_se=(p1 - p0) / math.hypot(se(p0), se(p1)), lr=lr,
                sweep={str(k): v for k, v in sweep.items()}, train_min=train_min,
                episodes=ctl.iters * ctl.prompts * ctl.group, build_s=build_s,
-               start_invalid=start_["invalid"], final_invalid=final["invalid"])
+               start_invalid=start_["invalid"], final_invalid=final["invalid"],
+               extended=extended, panel_first=first)
+    if before:
+        row["before_edge_rule"] = before
     (HERE / "controls").mkdir(exist_ok=True)
     (HERE / "controls" / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
     return row
@@ -220,8 +269,8 @@ def table() -> str:
 
 
 def reading(rows: list[dict]) -> str:
-    """What the failures have in common, from the rows: a lift below 3 SE with the invalid turns
-    it ends with, and every pick at the sweep's lowest lr (the sweep may not reach the task's)."""
+    """The failures, from the rows: a lift below 3 SE with its invalid turns and tuning means; the
+    picks the edge rule changed, and the sweeps still at an edge after it."""
     out = []
     for r in rows:
         if r["lift_se"] < 3:
@@ -232,9 +281,15 @@ def reading(rows: list[dict]) -> str:
                        f"({r['lift_se']:.1f} SE); {why}; tuning means by lr: "
                        + ", ".join(f"{float(k):g}: {sum(v) / len(v):.3f}"
                                    for k, v in r["sweep"].items()) + ".")
-    low = [r["env"] for r in rows if r["lr"] == min(LRS)]
-    out.append(f"- The pick is the sweep's lowest lr ({min(LRS):g}) for {len(low)} of {len(rows)}: "
-               f"{', '.join(low)}; a sweep reaching lower might serve those better (not run).")
+    moved = [r for r in rows if r.get("before_edge_rule")]
+    out.append("- The edge rule changed the pick of " + (", ".join(
+        f"{r['env']} ({r['before_edge_rule']['lr']:g} -> {r['lr']:g}; before it, on the first "
+        f"judged panel: {r['before_edge_rule']['start']:.3f} -> "
+        f"{r['before_edge_rule']['final']:.3f}, {r['before_edge_rule']['lift_se']:.1f} SE)"
+        for r in moved) or "none") + "; those rows are judged on a fresh panel.")
+    edge = [r["env"] for r in rows if edge_lr({float(k): v for k, v in r["sweep"].items()})]
+    out.append(f"- Still at an edge of the sweep after {EDGE_STEPS} steps past it: "
+               f"{', '.join(edge) or 'none'}.")
     return "Failed or edge cases:\n" + "\n".join(out)
 
 
@@ -244,7 +299,7 @@ Written by `python reproductions/bases/positive_controls.py --table` from `contr
 is rebuilt by `python reproductions/bases/positive_controls.py ENV` (the protocol, the targets
 fixed before any run and the history of the protocol are in that script's docstring). Panels are
 sampled at temperature 1; the standard errors are binomial over the panel's episodes; "minutes" is
-the judged GRPO run alone (the lr sweep on tuning seeds ran six more of the same length), on 2
+the judged GRPO run alone (the lr sweep on tuning seeds ran 6-10 more of the same length), on 2
 shared CPU cores, one torch thread per run, two environments run side by side.
 
 """
@@ -263,12 +318,15 @@ def main(argv=None):
                     help="print the table of the controls run and write positive_controls.md")
     ap.add_argument("--start", action="store_true",
                     help="only build the bases and print their sampled start on the panel")
+    ap.add_argument("--extend", action="store_true",
+                    help="apply the edge rule to the committed rows of these environments")
     args = ap.parse_args(argv)
     unknown = [e for e in args.envs if e not in CONTROLS]
     if unknown:
         raise SystemExit(f"unknown environment(s) {unknown}; choose from {list(CONTROLS)}")
     for name in args.envs:
-        print(json.dumps(start(name) if args.start else run(name)), flush=True)
+        do = start if args.start else extend if args.extend else run
+        print(json.dumps(do(name)), flush=True)
     if args.table:
         print(table())
         print(f"wrote {write_md()}")

@@ -26,7 +26,7 @@ SFT base ends episodes at the goal. One torch thread in each child (as the noteb
     .venv/bin/python reproductions/benchmarks/multiturn_speed.py rollout
     .venv/bin/python reproductions/benchmarks/multiturn_speed.py update
     .venv/bin/python reproductions/benchmarks/multiturn_speed.py update \\
-        --base-today agentrl-sft/grid5-agent-tiny --base <bpe grid5 base>
+        --base-today agentrl-sft/grid5-agent-tiny --base agentrl-sft/grid5-agent-bpe
 """
 
 from __future__ import annotations
