@@ -555,9 +555,10 @@ def checkpoint_path(cfg) -> Path:
 
 
 SHIPPED = Path(__file__).resolve().parents[2] / "bases"
-"""the small bases shipped in the repository (``agentrl cache --ship NAME`` writes them; a few
-hundred kB each): a missing cache entry is copied from here when its recorded config is the
-config's, instead of being trained (which gives the same weights: the builds are deterministic)"""
+"""the small bases shipped in the repository (``agentrl cache --ship NAME`` writes them; 0.6 MB
+each on the character tokenizer, 1.2 MB on the BPE): a missing cache entry is copied from here
+when its recorded config is the config's, instead of being trained (which gives the same weights:
+the builds are deterministic)"""
 
 
 def _recorded(folder: Path) -> dict | None:
