@@ -501,7 +501,8 @@ BASE_MODELS = {
     # succeeds 0.46), so 8 turns; prog-bpe on the "human" programs (with buggy mutants: 71's
     # off-policy data) sampled 0.02-0.05 on held-out 3- and 4-token tasks; 1500 steps on the
     # reference programs 0.14 over difficulties 2-4 and 3000 steps 0.11: below the window still,
-    # kept at 1500 (reported so in the table).
+    # kept at 1500 (reported so in the table). memory-agent-bpe: GRPO collapsed into invalid
+    # turns from it; an epsilon-0.2 variant neither collapsed nor rose (positive_controls.py).
     "grid5-agent-bpe": AgentSFTConfig(env_kwargs=dict(layout=GRID5, max_turns=10), epsilon=0.5,
                                       steps=800, batch_size=8, max_turns=10, lr=1e-3,
                                       init="grid-agent-bpe"),

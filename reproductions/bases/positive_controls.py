@@ -30,6 +30,10 @@ not move: the edge rule (``tuning.edge_lr``: while the pick is the sweep's small
 tune the next lr past it, at most ``EDGE_STEPS`` times) was then applied to every row
 (``--extend``); a row whose pick changed was judged again on a fresh panel (``PANEL_EDGE``), its
 earlier numbers kept in the row (``before_edge_rule``). ``run`` applies the rule from the start.
+The memory grid's judged run collapsed into invalid turns (two moves run together: the end-of-turn
+token lost probability). A base imitating epsilon 0.2 instead of 0.3, so more of each group
+succeeds, judged on the fresh panel (``--fresh``), did not collapse but did not rise either
+(``controls/superseded/memory_grid_epsilon0.2.json``); the table keeps the epsilon-0.3 base.
 
 Run one environment (writes ``controls/<env>.json``) or assemble the table (``positive_controls.md``):
 
@@ -320,12 +324,15 @@ def main(argv=None):
                     help="only build the bases and print their sampled start on the panel")
     ap.add_argument("--extend", action="store_true",
                     help="apply the edge rule to the committed rows of these environments")
+    ap.add_argument("--fresh", action="store_true",
+                    help="judge on the fresh panel (PANEL_EDGE): a row redone after its judged run")
     args = ap.parse_args(argv)
     unknown = [e for e in args.envs if e not in CONTROLS]
     if unknown:
         raise SystemExit(f"unknown environment(s) {unknown}; choose from {list(CONTROLS)}")
     for name in args.envs:
-        do = start if args.start else extend if args.extend else run
+        do = start if args.start else extend if args.extend else \
+            functools.partial(run, first=PANEL_EDGE) if args.fresh else run
         print(json.dumps(do(name)), flush=True)
     if args.table:
         print(table())
