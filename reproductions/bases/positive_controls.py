@@ -119,9 +119,9 @@ def reward_of(cfg):
     return correctness_reward
 
 
-def make_env_of(base: str):
-    cfg = sft.BASE_MODELS[base]
-    return lambda: sft.sft_env(cfg.env, **cfg.env_kwargs), cfg
+def make_env(cfg):
+    """A factory of the agent base's environment (``sft.sft_env`` with its ``env_kwargs``)."""
+    return lambda: sft.sft_env(cfg.env, **cfg.env_kwargs)
 
 
 def panel(model, tok, cfg, ctl: Control, first: int, seed: int = 0) -> dict:
@@ -133,9 +133,8 @@ def panel(model, tok, cfg, ctl: Control, first: int, seed: int = 0) -> dict:
         acc = grpo.evaluate(model, tok, probs, reward_of(cfg), ctl.max_new_tokens,
                             samples=ctl.samples, seed=seed)["acc"]
         return {"success": acc, "invalid": float("nan"), "episodes": len(probs) * ctl.samples}
-    make_env = make_env_of(ctl.base)[0]
     seeds = [first + i for i in range(ctl.panel_seeds)]
-    out = grpo.evaluate_agent(model, tok, make_env, seeds, cfg.max_turns, ctl.max_new_tokens,
+    out = grpo.evaluate_agent(model, tok, make_env(cfg), seeds, cfg.max_turns, ctl.max_new_tokens,
                               ctl.samples, seed=seed, system_prompt=cfg.system_prompt)
     return {**out, "episodes": len(seeds) * ctl.samples}
 
@@ -149,7 +148,7 @@ def train(model, tok, cfg, ctl: Control, lr: float, iters: int, seed: int):
                     for p in make_problems(cfg.task, 2000, d, "train", seed=seed, strict=False)]
         sample = grpo.completion_sampler(tok, problems, [reward_of(cfg)], gcfg)
     else:
-        sample = grpo.episode_sampler(tok, make_env_of(ctl.base)[0], list(range(10_000, 20_000)),
+        sample = grpo.episode_sampler(tok, make_env(cfg), list(range(10_000, 20_000)),
                                       gcfg, cfg.system_prompt)
     return grpo.train(model, sample, gcfg)
 
