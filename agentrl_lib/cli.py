@@ -246,6 +246,20 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
+def cmd_lint(args) -> int:
+    from agentrl_lib.pipeline import lint
+
+    paths = [p for p in notebook_paths(repo_root())
+             if not args.notebook or any(p.stem.startswith(n) for n in args.notebook)]
+    problems = [line for p in paths for line in lint.lint_notebook(p)]
+    for line in problems:
+        print(line)
+    bad = len({line.split(" ")[0].rstrip(":") for line in problems})
+    print(f"{len(paths) - bad} of {len(paths)} notebooks pass the lint (code lines <= "
+          f"{lint.MAX_LINE} characters, code cells <= {lint.MAX_CELL} lines)")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agentrl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -326,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also copy each checkpoint into the repository's bases/ folder, from where "
                         "a fresh clone's cache is filled without training (commit it)")
     p.set_defaults(func=cmd_cache)
+    p = sub.add_parser("lint", help="check the notebooks' code lines (<= 100 characters) and "
+                       "code cells (<= 30 lines); exit 1 on any problem")
+    p.add_argument("notebook", nargs="*", help="stem prefixes (default: every notebook)")
+    p.set_defaults(func=cmd_lint)
     p = sub.add_parser("tokenizer", help="where the BPE tokenizer lives; --rebuild retrains it")
     p.add_argument("--rebuild", action="store_true",
                    help="retrain it on the project's corpora (deterministic: the shipped files "

@@ -1,0 +1,52 @@
+"""The notebook lint (``pipeline/lint.py``): code lines within 100 characters, code cells of about
+25 lines. A notebook still in ``PENDING`` has not had its teaching pass (issue 27, section 3); the
+mark is strict, so a notebook that passes while listed fails the suite until it leaves the list."""
+
+import pytest
+
+from agentrl_lib.pipeline import lint
+from agentrl_lib.pipeline import notebooks as nbs
+from tests.test_notebooks_clean import NOTEBOOKS, ROOT
+
+# shrinks to empty as the teaching pass reaches each notebook; never grows
+PENDING = {
+    "01_mdp_dynamic_programming", "02_policy_gradients", "03_ppo_gae", "04_rover", "10_tiny_lm",
+    "11_grpo_vs_trl", "12_tricks_or_traps", "13_ppo_llm", "14_v05", "15_pope",
+    "20_reward_models_dpo", "21_starc", "22_barfi", "23_prm_clip_delta", "24_cooper",
+    "25_toolrl", "26_cm2", "27_dpo_rationales", "28_spo", "29_inpo", "30_multiturn_agent",
+    "31_gigpo", "32_archer", "33_spa_rl", "34_credit_arena", "35_salt", "36_hgpo", "37_oprl",
+    "38_igpo", "39_empg", "40_hiper", "41_agentgym_rl", "42_epo_entropy", "50_searchgym",
+    "51_reseek", "52_treeps_rag", "53_slate", "54_stratified_grpo", "55_arpo", "60_dr_mas",
+    "70_stop_regressing", "71_bcoder", "72_step_q",
+}
+
+
+def _case(path):
+    marks = [pytest.mark.xfail(strict=True, reason="teaching pass pending")] \
+        if path.stem in PENDING else []
+    return pytest.param(path, marks=marks, id=path.stem)
+
+
+@pytest.mark.parametrize("path", [_case(p) for p in NOTEBOOKS])
+def test_notebook_lint(path):
+    problems = lint.lint_notebook(path)
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_pending_names_real_notebooks():
+    assert PENDING <= {p.stem for p in nbs.notebook_paths(ROOT)}
+
+
+def test_lint_catches_both_limits(tmp_path):
+    """A notebook with one long line and one long cell gives exactly those two problems."""
+    import json
+
+    cells = [{"cell_type": "code", "source": "a = 1\n" + "b" * 101},
+             {"cell_type": "code", "source": "pass\n" * 31},
+             {"cell_type": "code", "source": "pass\n" * 29 + "c" * 100}]  # at both limits
+    p = tmp_path / "x.ipynb"
+    p.write_text(json.dumps({"cells": cells}))
+    assert lint.lint_notebook(p) == ["x cell 0: line 2 has 101 characters (> 100)",
+                                     "x cell 1: 31 lines (> 30)"]
+    p.write_text("{not json")
+    assert lint.lint_notebook(p)[0].startswith("x: not a readable notebook")
