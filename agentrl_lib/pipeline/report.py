@@ -6,8 +6,9 @@ paper's number and where in the paper it comes from, and three verdicts:
 - every seed: 'holds' when the claim held in every seed, 'mixed k/n' when in some, 'does not
   hold' when in none;
 - on the seed mean: the claim's own rule applied to the means;
-- with confidence: the IQM of the paired difference ours - baseline and its 95% bootstrap CI
-  (``stats.ordering_verdict``), 'yes' when the whole interval clears the margin.
+- with confidence: the mean of the paired difference ours - baseline and its 95% t-interval over
+  seeds (``stats.ordering_verdict``), 'yes' when the whole interval clears the margin (tables
+  published before the t-interval hold a percentile bootstrap of the IQM there).
 
 Each row shows the claim's ``kind`` (results.json files written before kinds existed read as
 'unknown', and the report says so); only ``paper`` claims count when the report says how many of a
@@ -140,7 +141,7 @@ def _confidence(claims: list[dict]) -> dict:
         return {"iqm": "—", "confident": "—"}
     v = ordering_verdict(ours, base, claims[0].get("direction", ">"), claims[0].get("margin", 0.0))
     lo, hi = v["diff_ci"]
-    return {"iqm": f"{v['ours_iqm']:.4g}; diff {v['diff_iqm']:+.3g} [{lo:+.3g}, {hi:+.3g}]",
+    return {"iqm": f"{v['ours_mean']:.4g}; diff {v['diff_mean']:+.3g} [{lo:+.3g}, {hi:+.3g}]",
             "confident": f"{'yes' if v['confident'] else 'no'} (n={v['n']})"}
 
 
@@ -383,7 +384,7 @@ def markdown(rows: list[dict], curve_rows: list[dict] | None = None) -> str:
     grid point), then the family's learning curves; the grid point follows the profile."""
     head = ("| notebook | profile | claim | kind | ours (mean ± std) | baseline | paper | "
             "negative control | seeds | verdict (every seed) | on the seed mean | "
-            "IQM; diff [95% CI] | with confidence |\n"
+            "ours; diff [95% CI] | with confidence |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     out = []
     curve_rows = curve_rows or []
@@ -537,7 +538,7 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
         parts.append("<table><tr><th>profile</th><th>claim</th><th>kind</th><th>metric</th>"
                      "<th>ours</th><th>baseline</th><th>paper</th><th>negative control</th>"
                      "<th>seeds</th><th>device</th><th>wall s</th><th>verdict (every seed)</th>"
-                     "<th>on the seed mean</th><th>IQM; diff [95% CI]</th>"
+                     "<th>on the seed mean</th><th>ours; diff [95% CI]</th>"
                      "<th>with confidence</th></tr>")
         for r in nb_rows:
             cls = {"holds": "holds", "does not hold": "no", "not evidence": "no"}.get(
