@@ -10,7 +10,8 @@ import pytest
 
 from agentrl_lib.pipeline import report
 from agentrl_lib.pipeline.results import (
-    COLLAPSE_MARGIN, claim, curve_summary, learning_curve, write_results,
+    COLLAPSE_MARGIN, claim, curve_summary, learning_curve, positive_control, power_plan,
+    write_results,
 )
 
 
@@ -53,8 +54,8 @@ def test_only_paper_claims_are_counted():
     # 8 claims hold or not; 5 are paper claims; of the 4 paper claims that hold in every seed,
     # 2 are agreement / non-inferiority claims without a control
     assert report.paper_count(rows) == {
-        "reproduced": 2, "paper": 5, "not_evidence": 2, "second_papers": {},
-        "extension": {"reproduced": 0, "of": 0, "not_evidence": 0},
+        "reproduced": 2, "paper": 5, "not_evidence": 2, "no_power": 0, "second_papers": {},
+        "extension": {"reproduced": 0, "of": 0, "not_evidence": 0, "no_power": 0},
         "other": {"sanity": 1, "theorem": 1, "design": 1}}
     assert report.count_line(rows) == ("Paper claims reproduced: 2 of 5 (2 hold but are not "
                                        "evidence); not counted: 1 design, 1 sanity, 1 theorem.")
@@ -64,6 +65,40 @@ def test_only_paper_claims_are_counted():
     assert "| theorem |" in line
     html = report.render_html(rows, [], [])
     assert "<td>sanity</td>" in html and "Paper claims reproduced: 2 of 5" in html
+
+
+def test_no_power_verdict_and_the_scoreboard():
+    """A claim whose positive control did not move, or whose panel cannot detect its margin, reads
+    'no power' whatever its numbers; one with power keeps its verdict; the count and the
+    scoreboard say how many were without power."""
+    small, large = power_plan(16, 3, p=0.5), power_plan(4096, 3, p=0.5)
+    assert small["mdd"] > 0.05 > large["mdd"]  # 0.55 and 0.034 by the formula
+    learned, flat = positive_control(0.3, 0.6, 256), positive_control(0.3, 0.32, 256)
+
+    def seed_claims(s):
+        return [claim("tiny_panel", "beats on 16 episodes", "acc", 0.9, 0.5, ">", margin=0.05,
+                      kind="paper", power=small, positive_control=learned),
+                claim("flat_base", "beats a baseline that never learned", "acc", 0.2, 0.5, "<",
+                      margin=0.05, kind="paper", power=large, positive_control=flat),
+                claim("powered", "beats with power", "acc", 0.45, 0.5, ">", margin=0.05,
+                      kind="paper", power=large, positive_control=learned)]
+    rows = report.summarise([result(s, seed_claims(s)) for s in (0, 1, 2)])
+    got = {r["claim"]: (r["verdict"], r["why"]) for r in rows}
+    assert got["tiny_panel"][0] == got["flat_base"][0] == "no power"
+    assert "minimal detectable difference 0.547" in got["tiny_panel"][1]
+    assert "positive control" in got["flat_base"][1]
+    assert got["powered"] == ("does not hold", "")
+    assert report.count_line(rows).startswith("Paper claims reproduced: 0 of 3, 2 without power")
+    board = report.scoreboard(rows, {"05_mixed": {"checked_against_code": 1,
+                                                 "checked_against_text_only": 2,
+                                                 "unverifiable": 3, "differs": 0}})
+    assert [(b["no power"], b["do not hold"], b["fidelity: code / text / unverifiable / differs"])
+            for b in board] == [(2, 1, "1 / 2 / 3 / 0")]
+    assert "| 05_mixed | foundations | cpu | 0,1,2 | 3 | 0 | 1 | 0 | 2 | 0 | 0 | — |" in \
+        report.scoreboard_markdown(rows)
+    html = report.render_html(rows, [], [])
+    assert "<a href='#05_mixed'>05_mixed</a>" in html and "<h2 id='05_mixed'>" in html
+    assert html.index("Scoreboard") < html.index("<h2 id='05_mixed'>")
 
 
 def test_control_and_evidence_rendering():
@@ -140,8 +175,10 @@ def test_counts_exclude_extensions_and_second_papers():
         claim("ours2", "another", "acc", 0.1, 0.5, ">", kind="extension")]) for s in (0, 1)])
     c = report.paper_count(rows)
     assert (c["reproduced"], c["paper"]) == (1, 1)
-    assert c["second_papers"] == {"aepo": {"reproduced": 1, "of": 1, "not_evidence": 0}}
-    assert c["extension"] == {"reproduced": 1, "of": 2, "not_evidence": 0} and c["other"] == {}
+    assert c["second_papers"] == {"aepo": {"reproduced": 1, "of": 1, "not_evidence": 0,
+                                           "no_power": 0}}
+    assert c["extension"] == {"reproduced": 1, "of": 2, "not_evidence": 0, "no_power": 0}
+    assert c["other"] == {}
     assert report.count_line(rows) == (
         "Paper claims reproduced: 1 of 1; claims of aepo (another paper) reproduced: 1 of 1; "
         "extensions (our own findings, not the paper's): 1 of 2 hold.")

@@ -22,7 +22,12 @@ reported as 'not evidence' instead of 'holds' when its control passes too in som
 needs a control and has none: every agreement claim within a tolerance ('~' with a margin > 0; an
 exact equality needs none) and every non-inferiority ``paper`` claim ('>' or '<' with a negative
 margin, the encoding ``results.claim`` asks for). A paper claim counts as reproduced when it holds
-in every seed and is evidence.
+in every seed and is evidence. A claim that records its power (``results.power_plan``,
+``results.positive_control``) reads **no power** when its positive control did not move beyond
+panel noise or its minimal detectable difference exceeds its margin (``results.no_power``): it is
+shown apart from 'does not hold', and counted apart ("k of n reproduced, m without power").
+The report opens with a **scoreboard** (``scoreboard``): one row per notebook and profile, its
+own paper's claims by verdict and its fidelity counts, linked to its section.
 
 Learning curves (``results.learning_curve`` under ``metrics["curve/<name>"]``) are summarised per
 notebook: start, peak (where it differs from final) and final, mean +- std over runs and seeds, and
@@ -86,6 +91,10 @@ def family_of(result: dict) -> str:
 UNKNOWN_KIND = "unknown"
 NO_UNSEEN = "post hoc: no unseen seeds"
 """The verdict of a post-hoc claim judged only on seeds looked at while choosing it."""
+NO_POWER = "no power"
+"""The verdict of a claim whose positive control did not move, or whose minimal detectable
+difference exceeds its margin (``results.no_power``): it could not have come out either way, so it
+says nothing for or against the paper."""
 """The kind of a claim read from a results.json written before claims had kinds."""
 
 
@@ -147,7 +156,7 @@ def _confidence(claims: list[dict]) -> dict:
 
 def summarise(results: list[dict]) -> list[dict]:
     """One row per (notebook, profile, grid point, claim) with the numbers across seeds."""
-    from agentrl_lib.pipeline.results import _rule
+    from agentrl_lib.pipeline.results import _rule, no_power
 
     groups: dict[tuple, list] = defaultdict(list)
     meta = {}
@@ -167,8 +176,12 @@ def summarise(results: list[dict]) -> list[dict]:
         seen = [s for s, c, _ in items if c.get("post_hoc")]
         judged = [c for c in claims if not c.get("post_hoc")]
         verdict, why = _seed_verdict(judged)
+        powerless = next((w for w in map(no_power, judged) if w), "")
         if seen and not judged:
             verdict, why = NO_UNSEEN, "its verdict must come from seeds never looked at"
+        elif powerless:
+            verdict, why = NO_POWER, powerless + (
+                "; verdict from the seeds never looked at" if seen else "")
         elif seen:
             why = "; ".join(x for x in (why, "verdict from the seeds never looked at") if x)
         first = claims[0]
@@ -215,7 +228,8 @@ def _seed_verdict(claims: list[dict]) -> tuple[str, str]:
 
 def _tally(rows: list[dict]) -> dict:
     return {"reproduced": sum(r["verdict"] == "holds" for r in rows), "of": len(rows),
-            "not_evidence": sum(r["verdict"] == "not evidence" for r in rows)}
+            "not_evidence": sum(r["verdict"] == "not evidence" for r in rows),
+            "no_power": sum(r["verdict"] == NO_POWER for r in rows)}
 
 
 def paper_count(rows: list[dict]) -> dict:
@@ -227,11 +241,13 @@ def paper_count(rows: list[dict]) -> dict:
     >>> paper_count([{"kind": "paper", "verdict": "holds"}, {"kind": "paper",
     ...              "verdict": "not evidence"}, {"kind": "sanity", "verdict": "holds"},
     ...              {"kind": "paper", "paper_id": "aepo", "verdict": "holds"},
-    ...              {"kind": "extension", "verdict": "does not hold"}])
+    ...              {"kind": "extension", "verdict": "does not hold"},
+    ...              {"kind": "paper", "verdict": "no power"}])
     ... # doctest: +NORMALIZE_WHITESPACE
-    {'reproduced': 1, 'paper': 2, 'not_evidence': 1,
-     'second_papers': {'aepo': {'reproduced': 1, 'of': 1, 'not_evidence': 0}},
-     'extension': {'reproduced': 0, 'of': 1, 'not_evidence': 0}, 'other': {'sanity': 1}}
+    {'reproduced': 1, 'paper': 3, 'not_evidence': 1, 'no_power': 1,
+     'second_papers': {'aepo': {'reproduced': 1, 'of': 1, 'not_evidence': 0, 'no_power': 0}},
+     'extension': {'reproduced': 0, 'of': 1, 'not_evidence': 0, 'no_power': 0},
+     'other': {'sanity': 1}}
     """
     own = [r for r in rows if r["kind"] == "paper" and not r.get("paper_id")]
     seconds: dict[str, list] = defaultdict(list)
@@ -244,6 +260,7 @@ def paper_count(rows: list[dict]) -> dict:
             other[r["kind"]] = other.get(r["kind"], 0) + 1
     t = _tally(own)
     return {"reproduced": t["reproduced"], "paper": t["of"], "not_evidence": t["not_evidence"],
+            "no_power": t["no_power"],
             "second_papers": {k: _tally(v) for k, v in sorted(seconds.items())},
             "extension": _tally([r for r in rows if r["kind"] == "extension"]), "other": other}
 
@@ -255,6 +272,8 @@ def count_line(rows: list[dict]) -> str:
     c = paper_count(rows)
     if c["paper"]:
         line = f"Paper claims reproduced: {c['reproduced']} of {c['paper']}"
+        if c["no_power"]:
+            line += f", {c['no_power']} without power"
         if c["not_evidence"]:
             line += f" ({c['not_evidence']} hold but are not evidence)"
     else:
@@ -410,8 +429,61 @@ def markdown(rows: list[dict], curve_rows: list[dict] | None = None) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;width:100%;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;
 vertical-align:top}th{background:#f3f3f3}.holds{color:#1a7f37;font-weight:600}
-.mixed{color:#9a6700;font-weight:600}.no{color:#cf222e;font-weight:600}img{max-width:560px;margin:4px}
+.mixed{color:#9a6700;font-weight:600}.no{color:#cf222e;font-weight:600}.nopower{color:#666;font-weight:600}
+img{max-width:560px;margin:4px}
 h2{border-bottom:1px solid #ddd;padding-bottom:4px}.small{color:#666;font-size:13px}"""
+
+
+SCOREBOARD_HEAD = ["notebook", "family", "profile", "seeds", "paper claims", "reproduced",
+                   "do not hold", "mixed", "no power", "not evidence", "post hoc, no unseen seeds",
+                   "fidelity: code / text / unverifiable / differs"]
+
+
+def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> list[dict]:
+    """One row per (notebook, profile): how its own paper's claims came out (kind ``paper``
+    without ``paper_id``; ``paper_count``'s rule), the seeds, and its fidelity counts.
+
+    >>> sb = scoreboard([{"notebook": "31_x", "family": "f", "profile": "cpu", "seeds": [0, 1],
+    ...                   "kind": "paper", "verdict": "holds"},
+    ...                  {"notebook": "31_x", "family": "f", "profile": "cpu", "seeds": [0, 1],
+    ...                   "kind": "paper", "verdict": "no power"}])
+    >>> [sb[0][k] for k in ("paper claims", "reproduced", "no power", "seeds")]
+    [2, 1, 1, '0,1']
+    """
+    fidelity = fidelity or {}
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        groups[(r["notebook"], r["profile"])].append(r)
+    out = []
+    for (nb, profile), g in groups.items():
+        own = [r for r in g if r["kind"] == "paper" and not r.get("paper_id")]
+        n = lambda v: sum(r["verdict"] == v for r in own)  # noqa: E731
+        f = fidelity.get(nb)
+        out.append({"notebook": nb, "family": g[0].get("family", "other"), "profile": profile,
+                    "seeds": ",".join(str(x) for x in sorted({s for r in g for s in r["seeds"]
+                                                               if s is not None})),
+                    "paper claims": len(own), "reproduced": n("holds"),
+                    "do not hold": n("does not hold"),
+                    "mixed": sum(r["verdict"].startswith("mixed") for r in own),
+                    "no power": n(NO_POWER), "not evidence": n("not evidence"),
+                    "post hoc, no unseen seeds": n(NO_UNSEEN),
+                    "fidelity: code / text / unverifiable / differs": (
+                        "—" if f is None else f"{f['checked_against_code']} / "
+                        f"{f['checked_against_text_only']} / {f['unverifiable']} / "
+                        f"{f['differs']}")})
+    return out
+
+
+def scoreboard_markdown(rows: list[dict], fidelity: dict[str, dict] | None = None) -> str:
+    """The scoreboard as a markdown table, one line a notebook and profile."""
+    board = scoreboard(rows, fidelity)
+    if not board:
+        return ""
+    head = "| " + " | ".join(SCOREBOARD_HEAD) + " |\n" + "|---" * len(SCOREBOARD_HEAD) + "|\n"
+    return ("## Scoreboard\n\nEach notebook's own paper's claims (kind `paper`), by verdict; "
+            "the details follow.\n\n" + head +
+            "\n".join("| " + " | ".join(str(b[k]) for k in SCOREBOARD_HEAD) + " |"
+                      for b in board) + "\n")
 
 
 def _figures(run_dirs: list[str]) -> list[tuple[str, str]]:
@@ -512,7 +584,18 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
              "or non-inferiority claim without a control. Only claims of kind 'paper' count "
              "towards a paper reproducing (a second paper's, 'paper of <id>', for that paper); "
              "'extension' claims, the notebook's own findings, are counted apart; a post-hoc "
-             "claim's verdict comes from the seeds never looked at.</p>"]
+             "claim's verdict comes from the seeds never looked at; 'no power' means its "
+             "positive control did not learn or the smallest difference its panel and seeds "
+             "could detect exceeds its margin, so it says nothing either way.</p>"]
+    board = scoreboard(rows, fidelity)
+    if board:
+        parts.append("<h2>Scoreboard</h2><table><tr>" + "".join(
+            f"<th>{e(h)}</th>" for h in SCOREBOARD_HEAD) + "</tr>")
+        for b in board:
+            cells = [f"<a href='#{e(b['notebook'])}'>{e(b['notebook'])}</a>"] + [
+                e(str(b[k])) for k in SCOREBOARD_HEAD[1:]]
+            parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        parts.append("</table>")
     by_nb = defaultdict(list)
     for r in rows:
         by_nb[r["notebook"]].append(r)
@@ -524,7 +607,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
             parts.append(f"<h1 class='family'>Family: {e(str(family))}</h1>")
         link = (f"<a href='{e(first['url'])}'>{e(first['paper'] or '')}</a>" if first["url"]
                 else e(first["paper"] or ""))
-        parts.append(f"<h2>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p><ul>")
+        parts.append(f"<h2 id='{e(nb)}'>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p>"
+                     "<ul>")
         if nb in fidelity:
             parts.append(f"<li>{e(fidelity_line(fidelity[nb]))}</li>")
         for profile in sorted({r["profile"] for r in nb_rows}):
@@ -541,7 +625,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                      "<th>on the seed mean</th><th>ours; diff [95% CI]</th>"
                      "<th>with confidence</th></tr>")
         for r in nb_rows:
-            cls = {"holds": "holds", "does not hold": "no", "not evidence": "no"}.get(
+            cls = {"holds": "holds", "does not hold": "no", "not evidence": "no",
+                   NO_POWER: "nopower"}.get(
                 r["verdict"], "mixed")
             note = "" if r["asserted"] else "<br><span class='small'>reported, not asserted</span>"
             why = f"<br><span class='small'>{e(r['why'])}</span>" if r.get("why") else ""
@@ -612,7 +697,8 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = render_executed(results, out_dir) if notebooks else {}
-    (out_dir / "summary.md").write_text(markdown(rows, curve_rows) + "\n" +
+    (out_dir / "summary.md").write_text(scoreboard_markdown(rows, fidelity) + "\n" +
+                                        markdown(rows, curve_rows) + "\n" +
                                         fidelity_markdown(fidelity))
     (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows, executed,
                                                     fidelity))
@@ -770,7 +856,9 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                f"agreement or non-inferiority claim without one. Only claims of kind `paper` count "
                f"towards a paper reproducing (a second paper's, `paper of <id>`, for that paper); "
                f"`extension` claims, the notebook's own findings, are counted apart; a post-hoc "
-               f"claim's verdict comes from the seeds never looked at.\n\n"
+               f"claim's verdict comes from the seeds never looked at; 'no power' that its "
+               f"positive control did not learn or its panel and seeds could not detect its "
+               f"margin.\n\n{scoreboard_markdown(rows, _fidelity_of(repro_root))}\n"
                f"{markdown(rows, curve_rows)}{end}")
     if start in old:
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
@@ -848,6 +936,13 @@ def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> 
                 w.writeheader()
                 w.writerows(table)
     return changes
+
+
+def _fidelity_of(repro_root: Path) -> dict:
+    from agentrl_lib.pipeline.fidelity import read_counts
+
+    path = Path(repro_root) / "fidelity" / "counts.csv"
+    return read_counts(path) if path.is_file() else {}
 
 
 def rebuild_results_md(repro_root: Path | str, profile: str) -> Path:

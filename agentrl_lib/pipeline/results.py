@@ -81,6 +81,12 @@ class Claim:
     id); None: the notebook's own paper"""
     looked_at: str | None = None
     """why it is post hoc: which seeds were looked at while choosing what"""
+    power: dict | None = None
+    """what the verdict can see, planned before the runs (``power_plan``): panel episodes (or
+    'exact'), the per-seed standard error, seeds, the minimal detectable difference ``mdd``"""
+    positive_control: dict | None = None
+    """the baseline (or a reference arm) against its own start (``positive_control``): whether it
+    moved beyond panel noise; a comparison whose baseline did not learn has no power"""
 
     @property
     def evidence(self) -> bool:
@@ -92,12 +98,16 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
           direction: str = ">", margin: float = 0.0, paper_value=None,
           asserted: bool = True, source: str | None = None, *, kind: str,
           post_hoc: bool = False, control: float | None = None,
-          paper_id: str | None = None) -> Claim:
+          paper_id: str | None = None, power: dict | None = None,
+          positive_control: dict | None = None) -> Claim:
     """Build a claim and decide it. ``kind`` is required (one of ``KINDS``); ``control`` is the
     metric of a negative-control arm, judged by the same rule against the same baseline (it
     should fail: then ``control_fails`` is True). ``paper_id``: the catalog id of a second
     paper whose claim this is (kind 'paper' only). ``post_hoc=True`` marks a claim post hoc on
-    every seed; a notebook records ``looked_at`` instead, which names the seeds.
+    every seed; a notebook records ``looked_at`` instead, which names the seeds. ``power``: the
+    plan written before the runs (``power_plan``); ``positive_control``: the baseline against its
+    start (``positive_control``); with either, the report reads the verdict as "no power" where
+    ``no_power`` says why.
 
     A non-inferiority claim (ours may be somewhat below the baseline) is written as a negative
     ``margin`` on '>' (or '<'), never as a baseline shifted before the call: the report can only
@@ -142,7 +152,76 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
     return Claim(id, statement, metric, float(ours), None if baseline is None else float(baseline),
                  direction, float(margin), paper_value, holds, asserted, source, kind,
                  bool(post_hoc), None if control is None else float(control), control_fails,
-                 paper_id)
+                 paper_id, None, power, positive_control)
+
+
+def power_plan(panel, seeds: int, p: float = 0.5, alpha: float = 0.05,
+               power: float = 0.8) -> dict:
+    """The power plan of a claim on a success rate, written before the judging runs.
+
+    panel: episodes of the evaluation panel per seed, or "exact" (no sampling noise); p: the
+    planned success rate (0.5 is the worst case). The per-seed standard error is
+    se = sqrt(p (1 - p) / panel); the paired difference of two arms on one seed then has standard
+    deviation sqrt(2) se (panel noise only: seed-to-seed training noise adds to it, so this is the
+    best case), and a one-sided t-test on ``seeds`` paired differences at level alpha/2 detects,
+    with probability ``power``, a true difference of
+
+        mdd = (t_{n-1, 1-alpha/2} + t_{n-1, power}) * sqrt(2) * se / sqrt(n).
+
+    >>> plan = power_plan(256, 3, p=0.5)  # se 0.03125; t_{2,0.975} = 4.303, t_{2,0.8} = 1.061
+    >>> plan["se"], round(plan["mdd"], 4)
+    (0.03125, 0.1368)
+    >>> power_plan("exact", 3)["mdd"]
+    0.0
+    """
+    from scipy.stats import t
+
+    if seeds < 2:
+        raise ValueError(f"a power plan needs at least 2 seeds, got {seeds}")
+    if panel == "exact":
+        return {"panel": "exact", "se": 0.0, "seeds": int(seeds), "mdd": 0.0}
+    if int(panel) < 1 or not 0.0 <= p <= 1.0:
+        raise ValueError(f"power_plan needs panel >= 1 episodes and p in [0, 1], got {panel}, {p}")
+    se = math.sqrt(p * (1 - p) / int(panel))
+    k = float(t.ppf(1 - alpha / 2, seeds - 1) + t.ppf(power, seeds - 1))
+    return {"panel": int(panel), "se": se, "seeds": int(seeds),
+            "mdd": k * math.sqrt(2) * se / math.sqrt(seeds)}
+
+
+def positive_control(start: float, final: float, panel: int, k: float = 3.0) -> dict:
+    """Did the baseline move beyond panel noise from its start? ``moved`` when final - start >
+    k * sqrt(SE_start^2 + SE_final^2), binomial SEs over ``panel`` episodes (the positive-control
+    rule of ``reproductions/bases/positive_controls.py``); for a metric where lower is better,
+    pass both negated.
+
+    >>> positive_control(0.50, 0.65, 256)["moved"], positive_control(0.50, 0.60, 256)["moved"]
+    (True, False)
+    """
+    se = math.hypot(math.sqrt(max(start * (1 - start), 0.0) / panel),
+                    math.sqrt(max(final * (1 - final), 0.0) / panel))
+    return {"start": float(start), "final": float(final), "panel": int(panel), "k": float(k),
+            "moved": bool(final - start > k * se)}
+
+
+def no_power(c) -> str:
+    """Why a claim's verdict carries no power ('' when it does, or when it records no plan): its
+    positive control did not move, or its minimal detectable difference exceeds its margin (for
+    '>', '<' and '~' claims with a margin). ``c``: a ``Claim`` or its dict from results.json.
+
+    >>> no_power({"margin": 0.05, "direction": ">", "power": {"mdd": 0.14}})
+    'the minimal detectable difference 0.14 exceeds the margin 0.05'
+    >>> no_power({"margin": 0.05, "direction": ">", "positive_control": {"moved": False}})
+    'its positive control did not move beyond panel noise'
+    """
+    get = c.get if isinstance(c, dict) else lambda k, d=None: getattr(c, k, d)
+    pc, plan = get("positive_control"), get("power")
+    if pc is not None and not pc.get("moved"):
+        return "its positive control did not move beyond panel noise"
+    margin = abs(get("margin") or 0.0)
+    if plan is not None and get("direction") in (">", "<", "~") and plan["mdd"] > margin:
+        return (f"the minimal detectable difference {plan['mdd']:.3g} exceeds the margin "
+                f"{margin:.3g}")
+    return ""
 
 
 @dataclass
