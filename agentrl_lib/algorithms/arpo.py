@@ -270,6 +270,7 @@ class Tree:
     fork_depths: list  # the step index t of each fork
     fork_lineage: list  # l (forks already on the lineage) at each fork
     num_global: int
+    fork_keys: list = None  # the policy's state key at each fork
 
 
 def _policy_probs(policy, env, obs) -> np.ndarray:
@@ -319,9 +320,11 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
                 dh = entropy_change(h, h_init, h_max) if cfg.fork_rule == "entropy" else 0.0
                 pen = cfg.penalty if cfg.rollout == "aepo" else 0.0
                 prob = branch_probability(dh, cfg.alpha, cfg.beta, pen, l)
+                key = env.state_key() if policy.key == "state" else ep.observations[-1]
                 if fork_fn is not None:
-                    prob = fork_fn(env.state_key() if policy.key == "state" else ep.observations[-1])
+                    prob = fork_fn(key)
                 if rng.random() < prob:
+                    n_budget["fork_keys"].append(key)
                     n_budget["leaves"] += Z
                     spawned += [(ep, t, ids[:t], tools[:t], ents[:t], l + 1)] * Z
                     n_budget["fork_depths"].append(t)
@@ -345,7 +348,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     p0 = _policy_probs(policy, env0, obs0)
     h_root, h_max = entropy(p0), math.log(len(p0))
     n_global = cfg.num_global if cfg.rollout == "arpo" else M
-    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": []}
+    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": [], "fork_keys": []}
     leaves = []  # the path of each finished leaf
     queue = []  # paths to play: ("global", None) or ("fork", (episode, turn, ids, tools, ents, l))
     if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
@@ -379,7 +382,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
         node_ids.append(ids)
     tool_nodes = {n for _, ids, tools, _, _, _ in leaves for tool, n in zip(tools, ids) if tool}
     return Tree(episodes, node_ids, len(tool_nodes), len(budget["fork_depths"]),
-                budget["fork_depths"], budget["fork_lineage"], n_global)
+                budget["fork_depths"], budget["fork_lineage"], n_global, budget["fork_keys"])
 
 
 def post_tool_mask(ep) -> np.ndarray:
