@@ -25,6 +25,11 @@ def test_entropy_change_score_and_budget_split():
     assert arpo.global_count(8, 0.0, 4.0, 100.0, 1.0) == 1  # never below one global sample
     with pytest.raises(ValueError, match="penalty"):
         arpo.branch_score(0.1, 0.5, 1.0, penalty=1.5)
+    # the released rule: P = clip(0.5 + 0.2 dH, 0, 1) (alpha, beta: the code's defaults)
+    assert arpo.branch_probability(0.5) == pytest.approx(0.6)
+    assert arpo.branch_probability(-1.0) == pytest.approx(0.3)
+    assert arpo.branch_probability(3.0) == 1.0 and arpo.branch_probability(-3.0) == 0.0
+    assert arpo.branch_probability(0.5, 0.5, 0.2, penalty=0.5, num_forks=1) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="h_max"):
         arpo.entropy_change(1.0, 0.0, 0.0)
 
@@ -36,10 +41,13 @@ def test_attribution_hard_and_soft_by_hand():
     soft = arpo.attribute(node_ids, leaf, "soft")
     assert [a.tolist() for a in soft] == [[1.0] * 3, [-0.5] * 2, [0.2] * 2]
     hard = arpo.attribute(node_ids, leaf, "hard")
-    # node 0: mean(1, -0.5) = 0.25, over 2 copies: 0.125 each; the copies sum to the mean
-    assert hard[0].tolist() == [0.125, 1.0, 1.0] and hard[1].tolist() == [0.125, -0.5]
+    # node 0 (paper sec. 3.2): mean(1, -0.5) = 0.25 on each copy; the copies sum to 2 x the mean,
+    # as soft's 1 + (-0.5) = 0.5 does
+    assert hard[0].tolist() == [0.25, 1.0, 1.0] and hard[1].tolist() == [0.25, -0.5]
     assert hard[2].tolist() == [0.2, 0.2]
-    assert hard[0][0] + hard[1][0] == pytest.approx(leaf[:2].mean())
+    assert hard[0][0] + hard[1][0] == pytest.approx(soft[0][0] + soft[1][0]) == 0.5
+    split = arpo.attribute(node_ids, leaf, "hard_split")  # the variant: 0.25 / 2 on each copy
+    assert split[0].tolist() == [0.125, 1.0, 1.0] and split[1].tolist() == [0.125, -0.5]
     # without sharing both modes are the leaf advantage on every step
     flat = [[0, 1], [2, 3]]
     assert all(np.array_equal(a, b) for a, b in zip(arpo.attribute(flat, [1.0, -1.0], "hard"),
@@ -82,6 +90,16 @@ def test_sg_clip_keeps_the_gradient_where_ppo_clips():
         arpo.sg_clip_loss(new, old, adv, eps, None, 0.5)
 
 
+def test_branch_probability_is_the_released_rule():
+    """The code's draw (``generate_sequences``): prob = clip(u - 0.2 dH, 0, 1), no branch where
+    prob > 0.5; its branching frequency over many draws equals clip(0.5 + 0.2 dH, 0, 1)."""
+    u = np.random.default_rng(0).random(200_000)
+    for dh in (-4.0, -1.0, 0.0, 0.7, 3.0):
+        code = np.clip(u - 0.2 * dh, 0.0, 1.0) <= 0.5
+        p = arpo.branch_probability(dh, 0.5, 0.2)
+        assert abs(code.mean() - p) < 4 * math.sqrt(max(p * (1 - p), 1e-6) / len(u)) + 1e-9
+
+
 def _policy_uncertain_after_tools():
     """A table sure at the start (lookup, p = 0.99) and uniform after a lookup."""
     pol = KeyTablePolicy(len(ACTIONS), seed=0)
@@ -93,11 +111,11 @@ def _policy_uncertain_after_tools():
 
 def test_tree_rollout_forks_share_prefixes_and_pay_tool_calls_once():
     pol = _policy_uncertain_after_tools()
-    cfg = arpo.ARPOConfig(rollout="arpo", group_size=8, num_global=2, num_branches=2,
-                          alpha=0.5, beta=1.0, tau=0.5)
-    tree = arpo.tree_rollout(CalcCruxEnv, pol, 3, cfg, np.random.default_rng(0))
+    cfg = arpo.ARPOConfig(rollout="arpo", group_size=8, num_global=2, num_branches=2)
+    crux = lambda key: float(key[0] == "lookup")  # noqa: E731  fork right after every lookup
+    tree = arpo.tree_rollout(CalcCruxEnv, pol, 3, cfg, np.random.default_rng(0), fork_fn=crux)
     assert len(tree.episodes) == 8 and tree.forks == 3  # 2 global + 3 forks x 2 leaves
-    assert all(d == 1 for d in tree.fork_depths)  # right after the lookup's response
+    assert min(tree.fork_depths) >= 1  # after a lookup's response (never at the start)
     # each fork's leaves share the first step (the lookup) with their parent
     first = [ids[0] for ids in tree.node_ids]
     assert len(set(first)) == 2
@@ -106,7 +124,8 @@ def test_tree_rollout_forks_share_prefixes_and_pay_tool_calls_once():
     distinct = {n for ep, ids in zip(tree.episodes, tree.node_ids)
                 for i, n in zip(ep.infos, ids) if i["tool_call"]}
     assert tree.tool_calls == len(distinct) < per_leaf
-    assert per_leaf - tree.tool_calls == 6  # six fork leaves, each reusing one lookup
+    # each fork's Z = 2 leaves reuse its prefix: here only lookups (a tool call each) before a fork
+    assert per_leaf - tree.tool_calls == 2 * sum(tree.fork_depths)
     # a fork's replay reproduces the parent's steps: same actions, same observations
     by_node = {}
     for ep, ids in zip(tree.episodes, tree.node_ids):
@@ -120,14 +139,29 @@ def test_tree_rollout_forks_share_prefixes_and_pay_tool_calls_once():
     assert g.tool_calls == sum(sum(i["tool_call"] for i in ep.infos) for ep in g.episodes)
 
 
+def test_fork_rules_entropy_and_random():
+    """P = 0 everywhere forks nothing; with alpha = 0 and a large beta the entropy rule forks
+    exactly where the entropy rose (after the lookup: uniform) and the random rule never."""
+    pol = _policy_uncertain_after_tools()
+    never = arpo.ARPOConfig(group_size=8, num_global=2, alpha=0.0, beta=0.0)
+    assert arpo.tree_rollout(CalcCruxEnv, pol, 3, never, np.random.default_rng(0)).forks == 0
+    ent = arpo.ARPOConfig(group_size=8, num_global=2, alpha=0.0, beta=100.0)
+    tree = arpo.tree_rollout(CalcCruxEnv, pol, 3, ent, np.random.default_rng(0))
+    assert tree.forks == 6  # M - N = 6 forks of Z = 1, all where the entropy rose
+    blind = arpo.ARPOConfig(group_size=8, num_global=2, alpha=0.0, beta=100.0, fork_rule="random")
+    assert arpo.tree_rollout(CalcCruxEnv, pol, 3, blind, np.random.default_rng(0)).forks == 0
+    with pytest.raises(ValueError, match="fork_rule"):
+        arpo.ARPOConfig(fork_rule="oracle")
+
+
 def test_aepo_penalty_and_premonitoring():
     pol = _policy_uncertain_after_tools()
-    cfg = arpo.ARPOConfig(rollout="aepo", group_size=8, num_branches=2, alpha=0.5, beta=1.0,
-                          tau=0.5, penalty=1.0, kappa=4.0)
+    cfg = arpo.ARPOConfig(rollout="aepo", group_size=8, num_branches=2, alpha=1.0, beta=0.0,
+                          penalty=1.0, kappa=4.0)
     tree = arpo.tree_rollout(CalcCruxEnv, pol, 3, cfg, np.random.default_rng(0))
     assert len(tree.episodes) == 8
     # penalty 1: a lineage forks at most once, so no fork has a fork before it
-    assert all(l == 0 for l in tree.fork_lineage)
+    assert tree.forks > 0 and all(l == 0 for l in tree.fork_lineage)
     # H_root ~ 0.08 < H_tool = log 11: sigma(4 (0.08 - 2.40) / 2.40) * 8 -> N = 0 -> 1 global
     assert tree.num_global == 1
 
@@ -147,7 +181,7 @@ def test_global_soft_equals_grpo_broadcast():
 def test_train_logs_tool_calls_and_stops_at_the_budget():
     pol = KeyTablePolicy(len(ACTIONS), seed=0)
     cfg = arpo.ARPOConfig(rollout="arpo", num_iters=200, num_prompts=4, group_size=4,
-                          num_global=2, max_tool_calls=150, seed=0, tau=0.45)
+                          num_global=2, max_tool_calls=150, seed=0)
     rows = arpo.train(CalcCruxEnv, pol, cfg, list(range(20)))
     assert rows[-1]["charts/tool_calls"] >= 150 > rows[-2]["charts/tool_calls"]
     assert rows[-1]["charts/tool_calls"] == sum(r["rollout/tool_calls"] for r in rows)
@@ -203,7 +237,8 @@ def test_tree_rollout_on_the_kg_menu_replays_forks_exactly():
     pol = KeyTablePolicy(len(KGMenuEnv.actions), seed=0)
     with torch.no_grad():  # sure at the start (search the subject), uniform elsewhere
         pol.logits[pol.row((2, 0, False)), 0] = 8.0  # the start key: (hops, read, found)
-    cfg = arpo.ARPOConfig(rollout="arpo", group_size=6, num_global=2, num_branches=2, tau=0.45)
+    cfg = arpo.ARPOConfig(rollout="arpo", group_size=6, num_global=2, num_branches=2, alpha=1.0,
+                          beta=0.0)  # P = 1: fork at every post-tool step while leaves are left
     tree = arpo.tree_rollout(make, pol, 1, cfg, np.random.default_rng(0))
     assert len(tree.episodes) == 6 and tree.forks == 2
     seen = {}
@@ -241,7 +276,7 @@ def test_lm_tree_sampler_forks_copy_their_parent_and_fill_the_budget():
 
     model, tok = new_model("tiny-64", seed=0, tokenizer=char_tokenizer())
     cfg = grpo.GRPOConfig(num_prompts=2, group_size=6, max_new_tokens=5, max_turns=3, seed=0)
-    tcfg = arpo.ARPOConfig(num_global=2, num_branches=2, alpha=1.0, beta=0.0, tau=0.5, group_size=6)
+    tcfg = arpo.ARPOConfig(num_global=2, num_branches=2, alpha=1.0, beta=0.0, group_size=6)
     batch = arpo.lm_tree_sampler(tok, _EchoTools, list(range(10)), cfg, tcfg)(model)
     eps = batch.episodes
     assert len(eps) == 12 and [sum(e.group_id == g for e in eps) for g in (0, 1)] == [6, 6]

@@ -9,21 +9,32 @@ M leaves (``group_size``). N = ``num_global`` trajectories are sampled from the 
 policy's entropy at the first step. Walking a path, at every step t that follows a tool response the
 normalised entropy change and the branch score are
 
-    dH_t = (H_t - H_init) / log|A|          (``entropy_change``; log|A|: the largest entropy)
-    P_t  = alpha + beta * dH_t              (``branch_score``)
+    dH_t = (H_t - H_init) / log|A|             (``entropy_change``; log|A|: the largest entropy)
+    P_t  = clip(alpha + beta * dH_t, 0, 1)     (``branch_probability``)
 
-and where P_t > tau the path forks ``num_branches`` (Z) partial rollouts that share its prefix and
-sample afresh from step t on (the path itself goes on). Forking stops when the tree has M leaves;
+and with probability P_t (one uniform draw per post-tool step) the path forks ``num_branches`` (Z)
+partial rollouts that share its prefix and sample afresh from step t on (the path itself goes on).
+This is the released code's rule (github.com/dongguanting/ARPO,
+``verl_arpo_entropy/verl/workers/rollout/vllm_rollout_with_tools.py``, ``generate_sequences``:
+``prob = clip(random.random() - entropy_weight * entropy_delta, 0, 1)``, no branch where ``prob >
+branch_probability``, i.e. a branch with probability clip(branch_probability + entropy_weight dH),
+with ``branch_probability`` = 0.5 = alpha and ``entropy_weight`` = 0.2 = beta in every released
+script); the paper's text (sec. 3.1) writes the same score against a threshold tau.
+``fork_rule='random'`` drops the entropy term (P_t = alpha at every post-tool step): the same
+budget spent blind, the baseline that isolates the entropy trigger. Forking stops when the tree
+has M leaves;
 if every path ends first, more global trajectories fill the budget. A shared prefix is played once,
 so its tool calls are paid once: ``tool_calls`` counts the tree's distinct tool-call steps.
 
 **Advantage attribution** (``attribute``). Each leaf's advantage is its return normalised among
 the task's M leaves (GRPO's, ``credit.group_normalise``). A step shared by the leaves L(s):
-'hard' gives it the mean advantage over L(s), once (here: mean / |L(s)| on each copy, so the
-copies sum to the mean); 'soft' keeps every copy's own leaf advantage (each leaf a GRPO row; the
-shared step's copies sum to |L(s)| x the mean, which is what GRPO's loss on the branched
-trajectories does through their equal ratios, the paper's default). Unshared steps get their
-leaf's advantage in both.
+'hard' (paper sec. 3.2) gives **each copy** the mean advantage of L(s), so the copies sum to
+|L(s)| x the mean; 'soft' keeps every copy's own leaf advantage (each leaf a GRPO row, the paper's
+default and the only form in the released code); the copies sum to |L(s)| x the mean too, so at
+rho = 1 (one epoch) hard and soft give the same gradient. 'hard_split' (this library's earlier
+reading, kept as a named variant and as the control that must fail that equality) gives each copy
+mean / |L(s)|: the shared step counted once, a 1/|L(s)| down-weighting. Unshared steps get their
+leaf's advantage in every mode.
 
 AEPO (Dong et al. 2025, "Agentic Entropy-Balanced Policy Optimization", arXiv:2510.14545) finds that
 ARPO over-branches (consecutive high-entropy steps fork the same lineage again and again) and that
@@ -33,21 +44,23 @@ PPO's clip removes the gradient of high-entropy tokens. Its cells here (``rollou
   global sampling when the question is more uncertain than the tool steps, more branching
   otherwise), N = clip(round(M sigma(.)), 1, M) (``global_count``), H_tool from the first global
   path's post-tool steps;
-- the consecutive-branch penalty: P_t = (alpha + beta dH_t) (1 - penalty)^l with l the number of
-  forks already on the path's lineage (``branch_score``);
+- the consecutive-branch penalty: P_t = clip((alpha + beta dH_t) (1 - penalty)^l, 0, 1) with l the
+  number of forks already on the path's lineage (``branch_probability``);
 - stop-gradient high-entropy clipping (``sg_clip_loss``): where PPO's clip is active on the upper
   side (A > 0, rho > 1 + eps) of a high-entropy token, the term -sg((1 + eps) / rho) rho A keeps the
   clipped value and a gradient -(1 + eps) A grad log pi instead of none;
 - entropy-aware advantages (``entropy_aware_advantages``): A_t (1 + gamma_h dH_t).
 
-Taken from the papers: the branch score alpha + beta dH against tau, forking Z partial rollouts at
-post-tool steps under a leaf budget M with N initial global samples, refilling with global samples,
-hard and soft attribution (soft the default), AEPO's sigmoid budget split from root vs tool-step
-entropy, the penalty on consecutive branching, the stop-gradient clip and the entropy-weighted
-advantage. Inferred (not fixed by what we read): dH normalised by log|A| (the paper "normalises"
-the change); H_init as the first step's entropy (the paper: of the first k tokens); the forking
-path continues besides its Z forks; the penalty's form (1 - penalty)^l; H_tool from the first global
-path; the entropy-aware form (1 + gamma_h dH_t); hard attribution written as mean / |L(s)| per copy.
+Taken from the papers and the code (``reproductions/fidelity/55_arpo.md``): the branch
+probability clip(alpha + beta dH) with alpha = 0.5, beta = 0.2 (code), forking at post-tool steps
+under a leaf budget M with N initial global samples, refilling with global samples, hard (the mean
+on each copy, paper sec. 3.2) and soft attribution (soft the default), AEPO's sigmoid budget split
+from root vs tool-step entropy, the penalty on consecutive branching, the stop-gradient clip and
+the entropy-weighted advantage. Inferred (not fixed by what we read): dH normalised by log|A| (the
+code divides by log V); H_init as the first step's entropy; the forking path continues besides its
+Z forks, and a fork resamples step t itself (the code: the step after the next tool response);
+AEPO's penalty form (1 - penalty)^l; H_tool from the first global path; the entropy-aware form
+(1 + gamma_h dH_t).
 
 The tabular loop ``train`` plays trees with a ``KeyTablePolicy`` (``policy.probs`` of the state
 key), attributes advantages and takes ``agent_pg.update``'s PPO step; ``rollout='global'`` (M
@@ -67,7 +80,8 @@ from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.rollout import Episode, episode_stats, fork_episode, record_step, truncate
 
 ROLLOUTS = ("global", "arpo", "aepo")
-ATTRIBUTIONS = ("soft", "hard")
+ATTRIBUTIONS = ("soft", "hard", "hard_split")
+FORK_RULES = ("entropy", "random")
 
 
 # --- the pure pieces -----------------------------------------------------------------------------
@@ -102,6 +116,18 @@ def branch_score(delta_h: float, alpha: float, beta: float, penalty: float = 0.0
     return (alpha + beta * delta_h) * (1.0 - penalty) ** num_forks
 
 
+def branch_probability(delta_h: float, alpha: float = 0.5, beta: float = 0.2,
+                       penalty: float = 0.0, num_forks: int = 0) -> float:
+    """P_t = clip(branch_score, 0, 1): the probability that a post-tool step forks (ARPO's released
+    rule, ``vllm_rollout_with_tools.py``, ``generate_sequences``; alpha = ``branch_probability``
+    0.5, beta = ``entropy_weight`` 0.2 in its scripts).
+
+    >>> branch_probability(0.0), branch_probability(1.0), branch_probability(-3.0, 0.5, 0.2)
+    (0.5, 0.7, 0.0)
+    """
+    return min(max(branch_score(delta_h, alpha, beta, penalty, num_forks), 0.0), 1.0)
+
+
 def global_count(group_size: int, h_root: float, h_tool: float, kappa: float, h_max: float) -> int:
     """AEPO's entropy pre-monitoring: N = clip(round(M sigma(kappa (H_root - H_tool) / H_max)), 1, M)
     global samples of the budget M; the rest is for branching.
@@ -123,11 +149,14 @@ def attribute(node_ids, leaf_adv, mode: str = "soft") -> list[np.ndarray]:
     """Per-step advantages of a tree's leaves from their leaf advantages.
 
     node_ids: per leaf, the (T_i,) ids of the tree nodes (executed steps) on its path: a shared
-    prefix has the same ids. leaf_adv: (M,). 'soft': every step gets its leaf's advantage; 'hard':
-    a step shared by the leaves L(s) gets mean_{j in L(s)} A_j / |L(s)| on each copy (the mean,
-    counted once); an unshared step gets its leaf's.
+    prefix has the same ids. leaf_adv: (M,). 'soft': every step gets its leaf's advantage; 'hard'
+    (ARPO sec. 3.2): a step shared by the leaves L(s) gets mean_{j in L(s)} A_j on each copy;
+    'hard_split' (a variant): mean_{j in L(s)} A_j / |L(s)| on each copy (the mean counted once);
+    an unshared step gets its leaf's in every mode.
 
     >>> [a.tolist() for a in attribute([[0, 1], [0, 2]], [1.0, -0.5], "hard")]
+    [[0.25, 1.0], [0.25, -0.5]]
+    >>> [a.tolist() for a in attribute([[0, 1], [0, 2]], [1.0, -0.5], "hard_split")]
     [[0.125, 1.0], [0.125, -0.5]]
     """
     if mode not in ATTRIBUTIONS:
@@ -141,7 +170,8 @@ def attribute(node_ids, leaf_adv, mode: str = "soft") -> list[np.ndarray]:
     for j, ids in enumerate(node_ids):
         for n in ids:
             members[n].append(j)
-    value = {n: leaf_adv[js].mean() / len(js) for n, js in members.items()}
+    split = mode == "hard_split"
+    value = {n: leaf_adv[js].mean() / (len(js) if split else 1) for n, js in members.items()}
     return [np.array([value[n] for n in ids], dtype=np.float64) for ids in node_ids]
 
 
@@ -188,17 +218,18 @@ class ARPOConfig:
     rollout: str = "arpo"
     """'global' (M independent trajectories: GRPO), 'arpo' or 'aepo' (module docstring)"""
     attribution: str = "soft"
-    """'soft' or 'hard' shared-prefix attribution (``attribute``)"""
+    """'soft', 'hard' or 'hard_split' shared-prefix attribution (``attribute``)"""
     num_global: int = 4
     """N: global trajectories first ('arpo'; 'aepo' sets N by pre-monitoring)"""
-    num_branches: int = 2
-    """Z: partial rollouts forked at a step whose score exceeds tau"""
+    num_branches: int = 1
+    """Z: partial rollouts forked at a step that branches (the code's ``beam_size`` - 1 = 1)"""
+    fork_rule: str = "entropy"
+    """'entropy': a post-tool step forks with probability clip(alpha + beta dH); 'random': with
+    probability alpha (no entropy term: the blind baseline at the same budget)"""
     alpha: float = 0.5
-    """base branch score"""
-    beta: float = 1.0
-    """weight of the normalised entropy change in the branch score"""
-    tau: float = 0.5
-    """fork where alpha + beta dH > tau (with alpha = tau: where the entropy rose at all)"""
+    """base branch probability (the code's ``branch_probability``)"""
+    beta: float = 0.2
+    """weight of the normalised entropy change (the code's ``entropy_weight``)"""
     penalty: float = 0.5
     """'aepo': the branch score shrinks by (1 - penalty) per fork already on the lineage"""
     kappa: float = 4.0
@@ -218,6 +249,8 @@ class ARPOConfig:
     def __post_init__(self):
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"rollout must be one of {ROLLOUTS}, got {self.rollout!r}")
+        if self.fork_rule not in FORK_RULES:
+            raise ValueError(f"fork_rule must be one of {FORK_RULES}, got {self.fork_rule!r}")
         if self.attribution not in ATTRIBUTIONS:
             raise ValueError(f"attribution must be one of {ATTRIBUTIONS}, got {self.attribution!r}")
         if not 1 <= self.num_global <= self.group_size:
@@ -237,6 +270,7 @@ class Tree:
     fork_depths: list  # the step index t of each fork
     fork_lineage: list  # l (forks already on the lineage) at each fork
     num_global: int
+    fork_keys: list = None  # the policy's state key at each fork
 
 
 def _policy_probs(policy, env, obs) -> np.ndarray:
@@ -246,12 +280,13 @@ def _policy_probs(policy, env, obs) -> np.ndarray:
 
 
 def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Generator,
-                 group_id: int = 0, max_turns: int | None = None) -> Tree:
+                 group_id: int = 0, max_turns: int | None = None, fork_fn=None) -> Tree:
     """One task's tree of ``cfg.group_size`` leaves (module docstring), played with ``policy``
     (``probs(keys)``, ``key``) on an environment that is deterministic given (seed, actions):
     a fork replays its prefix's actions after ``reset(seed)`` (the replayed tool calls are not
     paid again). ``info['tool_call']`` (else a valid ``info['tool']`` in ``env.tool_calls``) marks a
-    paid tool call."""
+    paid tool call. ``fork_fn(key) -> probability`` (the policy's state key) replaces the fork rule
+    at post-tool steps: an oracle trigger that knows where the decision lies (a positive control)."""
     M, Z = cfg.group_size, cfg.num_branches
     nodes = [0]  # the next node id
 
@@ -282,9 +317,14 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
             after_tool = t > 0 and tools[-1]
             if (cfg.rollout != "global" and after_tool and h_init is not None
                     and n_budget["leaves"] + Z <= M):
-                dh = entropy_change(h, h_init, h_max)
+                dh = entropy_change(h, h_init, h_max) if cfg.fork_rule == "entropy" else 0.0
                 pen = cfg.penalty if cfg.rollout == "aepo" else 0.0
-                if branch_score(dh, cfg.alpha, cfg.beta, pen, l) > cfg.tau:
+                prob = branch_probability(dh, cfg.alpha, cfg.beta, pen, l)
+                key = env.state_key() if policy.key == "state" else ep.observations[-1]
+                if fork_fn is not None:
+                    prob = fork_fn(key)
+                if rng.random() < prob:
+                    n_budget["fork_keys"].append(key)
                     n_budget["leaves"] += Z
                     spawned += [(ep, t, ids[:t], tools[:t], ents[:t], l + 1)] * Z
                     n_budget["fork_depths"].append(t)
@@ -308,7 +348,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     p0 = _policy_probs(policy, env0, obs0)
     h_root, h_max = entropy(p0), math.log(len(p0))
     n_global = cfg.num_global if cfg.rollout == "arpo" else M
-    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": []}
+    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": [], "fork_keys": []}
     leaves = []  # the path of each finished leaf
     queue = []  # paths to play: ("global", None) or ("fork", (episode, turn, ids, tools, ents, l))
     if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
@@ -342,7 +382,7 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
         node_ids.append(ids)
     tool_nodes = {n for _, ids, tools, _, _, _ in leaves for tool, n in zip(tools, ids) if tool}
     return Tree(episodes, node_ids, len(tool_nodes), len(budget["fork_depths"]),
-                budget["fork_depths"], budget["fork_lineage"], n_global)
+                budget["fork_depths"], budget["fork_lineage"], n_global, budget["fork_keys"])
 
 
 def post_tool_mask(ep) -> np.ndarray:
@@ -374,7 +414,7 @@ def tree_advantages(trees, cfg: ARPOConfig, h_max: float | None = None) -> list[
 
 
 def train(make_env, policy, cfg: ARPOConfig, train_seeds, evaluate=None, logger=None,
-          initial_eval: dict | None = None, on_step=None) -> list[dict]:
+          initial_eval: dict | None = None, on_step=None, fork_fn=None) -> list[dict]:
     """Tabular ARPO / AEPO / GRPO (``cfg.rollout``) on ``loop.run``: per update, ``num_prompts``
     trees (tasks drawn from ``train_seeds``), ``tree_advantages``, one ``agent_pg.update`` (PPO
     clip, turn-level mean over all leaves' steps). Stops after ``num_iters`` updates or once
@@ -392,7 +432,7 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, evaluate=None, logger=
     def sample_fn(policy, it: int) -> agent_pg.EpisodeBatch:
         nonlocal paid, n_eps
         seeds = agent_pg.draw_seeds(train_seeds, rng, it, cfg.num_prompts)
-        trees = [tree_rollout(make_env, policy, int(s), cfg, rng, group_id=g)
+        trees = [tree_rollout(make_env, policy, int(s), cfg, rng, group_id=g, fork_fn=fork_fn)
                  for g, s in enumerate(seeds)]
         episodes = [ep for t in trees for ep in t.episodes]
         batch_calls = sum(t.tool_calls for t in trees)
@@ -458,8 +498,9 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
     Per task seed: ``tree_cfg.num_global`` (N) episodes by ``lm_rollout``; each post-tool turn's
     first-k-token entropy H_t (``lm_turn_entropies``) against the mean first-turn entropy H_init of
     the task's N episodes, dH_t = (H_t - H_init) / H_init (normalised by the start's entropy here:
-    log V is far above a trained LM's token entropies; inferred); the turns with
-    alpha + beta dH_t > tau fork Z partial rollouts, best score first, while the task has leaves
+    log V is far above a trained LM's token entropies; inferred); each post-tool turn is drawn to
+    fork with probability clip(alpha + beta dH_t) (``branch_probability``; ``fork_rule='random'``:
+    alpha); the drawn turns fork Z partial rollouts, best score first, while the task has leaves
     left of ``cfg.group_size`` (M); one level of forks (a fork does not fork again: simplified);
     leftover leaves are global episodes. A fork copies its parent's conversation up to the turn
     (tokens, masks and sampling log-probs), replays the parent's calls on a fresh environment
@@ -501,8 +542,9 @@ def lm_tree_sampler(tokenizer, make_env, train_seeds, cfg, tree_cfg: ARPOConfig,
                 for t in range(1, len(eps[i])):
                     if is_paid_tool_call(eps[i].infos[t - 1]):
                         dh = (h[i][t] - h_init) / max(h_init, 1e-6)
-                        score = branch_score(dh, tree_cfg.alpha, tree_cfg.beta)
-                        if score > tree_cfg.tau:
+                        dh = dh if tree_cfg.fork_rule == "entropy" else 0.0
+                        score = branch_probability(dh, tree_cfg.alpha, tree_cfg.beta)
+                        if rng.random() < score:
                             cands.append((score, i, t))
             cands.sort(key=lambda c: -c[0])
             room = M - N

@@ -1,14 +1,12 @@
 """55_arpo: its checked exercises, answered right and wrong (see conftest.py)."""
 
-import math
-
 import numpy as np
 
 
-def test_nb55_hard_attribution_and_global_count(notebook, answerable):
+def test_nb55_hard_attribution_and_fork_probability(notebook, answerable):
     from agentrl_lib.algorithms import arpo
 
-    def right_attr(node_ids, leaf_adv, divide=True):
+    def right_attr(node_ids, leaf_adv, divide=False):
         out = []
         for ids in node_ids:
             steps = []
@@ -19,11 +17,11 @@ def test_nb55_hard_attribution_and_global_count(notebook, answerable):
             out.append(np.array(steps))
         return out
 
-    def right_count(M, h_root, h_tool, kappa, h_max, rounding=round):
-        sigma = 1.0 / (1.0 + math.exp(-kappa * (h_root - h_tool) / h_max))
-        return int(min(max(rounding(M * sigma), 1), M))
+    def right_prob(dh, alpha, beta, clip=True):
+        p = alpha + beta * dh
+        return min(max(p, 0.0), 1.0) if clip else p
 
-    answerable(right_attr, lambda *x: right_attr(*x, divide=False),  # each copy gets the mean
+    answerable(right_attr, lambda *x: right_attr(*x, divide=True),  # the mean counted once
                lambda ids, a: arpo.attribute(ids, a, "hard"), notebook("tree_inputs"))
-    answerable(right_count, lambda *x: right_count(*x, rounding=math.floor),  # floors
-               arpo.global_count, notebook("count_inputs"))
+    answerable(right_prob, lambda *x: right_prob(*x, clip=False),  # forgets the clip
+               arpo.branch_probability, notebook("prob_inputs"))
