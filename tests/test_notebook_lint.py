@@ -16,8 +16,8 @@ PENDING = {
     "26_cm2", "27_dpo_rationales", "28_spo", "29_inpo", "30_multiturn_agent", "31_gigpo",
     "32_archer", "33_spa_rl", "34_credit_arena", "35_salt", "36_hgpo", "37_oprl", "38_igpo",
     "39_empg", "40_hiper", "41_agentgym_rl", "42_epo_entropy", "50_searchgym", "51_reseek",
-    "52_treeps_rag", "53_slate", "54_stratified_grpo", "55_arpo", "60_dr_mas",
-    "70_stop_regressing", "72_step_q",
+    "52_treeps_rag", "53_slate", "54_stratified_grpo", "60_dr_mas", "70_stop_regressing",
+    "72_step_q",
 }
 
 
