@@ -141,3 +141,56 @@ def test_hierarchy_share_is_nested():
     share = hgpo.hierarchy_share(eps, 3)
     assert np.all(np.diff(share) <= 1e-12) and 0 <= share[-1] <= share[0] <= 1
     assert hgpo.hierarchy_share([], 2).tolist() == [0.0, 0.0, 0.0]
+
+
+# --- the released estimator (verl-agent recipe/hgpo/core_hgpo.py) by hand ------------------------
+def test_released_advantages_by_hand():
+    """gamma 0.5, history_length 1. Returns: e0 (0.5, 1), e1 (0, 0, 0), e2 (0.25, 0.5, 1).
+    Level 0 (one observation): "x" {e0 0.5, e1 0} -> +-1 (ddof 0); "s" {1, 0, 0.5}: mean 0.5,
+    std sqrt(1/6) -> +-sqrt(1.5), 0. Level 1 (two observations): ("x", "s") {e0 1, e1 0} -> +-1;
+    ("y", "s") a singleton. Weights (kappa + 2): 2 and 3."""
+    e = batch()
+    got = hgpo.released_step_advantages(e, gamma=0.5, history_length=1)
+    s15 = np.sqrt(1.5)
+    expected = [[2 / (2 + 1e-6), (2 * s15 + 3) / (5 + 1e-6)],
+                [-2 / (2 + 1e-6), -(2 * s15 + 3) / (5 + 1e-6), 0.0],
+                [0.0, 0.0, 0.0]]  # e2 at turn 1: its only item is 0 and is dropped; no episode term
+    for g, x in zip(got, expected):
+        assert np.allclose(g, x, atol=1e-6), (g, x)
+    # the notebook's earlier form differs on the same batch (actions in the key, (k+1) weights,
+    # zeros kept, an episode term)
+    old = hgpo.hgpo_advantages(e, gamma=0.5, depth=1)
+    assert max(np.abs(a - b).max() for a, b in zip(got, old)) > 0.1
+
+
+def test_released_keys_weights_and_modes():
+    # observations only: the same states by different actions share the level-1 group
+    e = [ep(["x", "s"], [0.0, 1.0], [0, 0]), ep(["x", "s"], [0.0, 0.0], [1, 1])]
+    items = hgpo.released_items(e, gamma=1.0, history_length=2, mode="mean_norm")
+    assert [k for k, *_ in items[0][1]] == [0, 1]  # turn 1: levels 0 and 1 only (t < K)
+    assert [k for k, *_ in items[0][0]] == [0]
+    assert np.allclose(hgpo.released_step_advantages(e, 1.0, 2, mode="mean_norm")[0],
+                       [0.5, 0.5 * (2 + 3) / (5 + 1e-6)])
+    assert hgpo.history_groups(e, 1)[(0, ("x", 0, "s"))] == [(0, 1)]  # ours: split by action
+    # weights: (kappa + 2)^alpha over the non-zero items; alpha 0 is uniform; none left -> 0
+    assert np.allclose(hgpo.released_weights([0, 1, 2], [1, 1, 1], 1.0, 0.0), [2 / 9, 3 / 9, 4 / 9])
+    assert np.allclose(hgpo.released_weights([0, 2], [1, -1], 0.0, 0.0), [0.5, 0.5])
+    assert np.allclose(hgpo.released_weights([0, 1], [0.0, 0.0]), [0, 0])
+    with pytest.raises(ValueError, match="mode"):
+        hgpo.released_items(e, mode="std")
+    with pytest.raises(ValueError, match="level"):
+        hgpo.obs_context_key(["a"], 0, 1)
+
+
+def test_released_baselines_match_mean_norm_advantages():
+    rng = np.random.default_rng(3)
+    eps_ = [ep([int(x) for x in rng.integers(0, 3, n)], list(rng.integers(0, 2, n).astype(float)),
+               list(rng.integers(0, 2, n)), gid=int(g))
+            for n, g in zip([3, 4, 2, 5, 3, 4], [0, 0, 0, 1, 1, 1])]
+    adv = hgpo.released_step_advantages(eps_, 0.9, 2, mode="mean_norm")
+    rtg = credit.episode_returns_to_go(eps_, 0.9)
+    b, bbar = hgpo.released_baselines(eps_, 0.9, 2, values=rtg)
+    for a, g, b_ in zip(adv, rtg, b):
+        assert np.allclose(a, g - b_)
+    for b_, bb in zip(b, bbar):  # values = the returns themselves: bbar is b
+        assert np.allclose(b_, bb)

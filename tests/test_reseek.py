@@ -216,3 +216,73 @@ def test_path_faithfulness_by_hand():
     assert reseek.path_faithfulness(again) == 1.0
     acc, n = reseek.judge_accuracy([e1, e2, e3])
     assert n == 3 and acc == pytest.approx(2 / 3)
+
+
+# --- the released reward (TencentBAC/ReSeek reseek_regex.compute_score) by hand -----------------
+def _open(states_answer):
+    return dict(valid=True, tool="open", doc=1, states_answer=states_answer, judge=None)
+
+
+def _judge(verdict):
+    return dict(valid=True, tool="judge", judge=verdict)
+
+
+def _answer(success):
+    return dict(valid=True, tool="answer", judge=None, success=success)
+
+
+def _episode(infos, outcome):
+    rewards = [0.0] * (len(infos) - 1) + [outcome]
+    return Episode.of(["s"] * len(infos), rewards, infos=infos)
+
+
+@pytest.mark.parametrize("verdict, states, right, expected", [
+    ("useful", False, True, 1.0 + 0.4),   # Yes with a right answer: 0.3 + 0.1, information unchecked
+    ("useful", True, True, 1.0 + 0.4),
+    ("useful", True, False, 0.3),         # a right Yes, wrong answer: no boost
+    ("useful", False, False, -0.6),       # a wrong Yes
+    ("useless", False, True, 1.0 + 0.4),  # a right No, right answer: 0.3 + 0.1
+    ("useless", False, False, 0.3),       # a right No, wrong answer
+    ("useless", True, False, -0.3),       # a wrong No
+    ("useless", True, True, 1.0 - 0.3),   # a wrong No is punished whatever the answer
+])
+def test_released_reward_every_branch(verdict, states, right, expected):
+    ep = _episode([_open(states), _judge(verdict), _answer(right)], 1.0 if right else 0.0)
+    r = reseek.released_rewards([ep])[0]
+    assert np.allclose(r, [0.0, 0.0, expected])  # one number per episode, on the last turn
+
+
+def test_released_reward_pairs_and_no_answer():
+    # two opens before one verdict both pair with it; an open never judged pairs with nothing
+    infos = [_open(False), _open(True), _judge("useless"), _open(False), _answer(False)]
+    ep = _episode(infos, 0.0)
+    assert reseek.judge_pairs(ep) == [(False, False), (False, True)]
+    assert np.isclose(reseek.released_rewards([ep])[0][-1], 0.3 - 0.3)
+    # no answer (truncated at the turn cap): no verdict term at all, even for a wrong Yes
+    cut = _episode([_open(False), _judge("useful"), _open(False)], 0.0)
+    assert np.allclose(reseek.released_rewards([cut])[0], 0.0)
+    # an invalid answer call is no answer either
+    bad = _episode([_open(False), _judge("useful"), dict(valid=False, tool=None, judge=None)], 0.0)
+    assert not reseek.answered(bad) and np.allclose(reseek.released_rewards([bad])[0], 0.0)
+    # without JUDGE calls the released reward is the outcome: GRPO's advantage exactly
+    plain = [_episode([_open(True), _answer(s)], float(s)) for s in (True, False, True)]
+    for ep_ in plain:
+        ep_.group_id = 0
+    adv = reseek.reseek_advantages(plain, reseek.released_rewards(plain), "episode")
+    assert all(np.allclose(a, b) for a, b in zip(adv, grpo_broadcast(plain)))
+    # the constants can be overridden (the paper's note quotes the same three; ablations vary them)
+    r = reseek.released_rewards([_episode([_open(False), _judge("useful"), _answer(False)], 0.0)],
+                                wrong_yes=-1.0)[0]
+    assert np.isclose(r[-1], -1.0)
+
+
+def test_states_answer_flag_in_the_environment():
+    """1-hop: the gold document names the answer (a Yes is right); the first hop of a 2-hop
+    question names the middle person only (the code's ground truth says No, though it is needed)."""
+    env = KGJudgeEnv(judge=True, **dict(KW, alignment=1.0))
+    for hops, expected in ((1, True), (2, False)):
+        env.reset(first_seed(env, lambda e: e.task["hops"] == hops and e.task["grounded"]))
+        doc = env.task["gold_docs"][0]
+        obs, _, _, info = env.step(f"open(d{doc})")
+        assert info["fact_true"] and info["states_answer"] is expected
+        assert (env.task["answer"].lower() in obs.lower()) is expected

@@ -34,6 +34,21 @@ only the deepest non-singleton level (a hard back-off). With norm_adv=False ever
 G_t - mean, so A^H_t = G_t - b_t with the weighted baseline b_t = sum_k w_k mean_{G_k(t)} G
 (``hgpo_baselines``).
 
+**The released estimator** (``released_step_advantages``, ``released_baselines``; verl-agent
+``recipe/hgpo/core_hgpo.py``, read in its copy OliverLeeXZ/SERL @ 3c63ef3: ``hgpo_advantage_estimate``
+and its inner ``aggregate_items``, called by ``compute_hgpo_outcome_advantage``) differs from the
+above in four ways, and is the notebook's main arm:
+- the key of level kappa (kappa = 0..min(K, t) past steps) is the last kappa + 1 *observations*
+  only, no actions (``clusters[(k, tuple(traj_h[ti][si-k+1:si+1]))]``, k = kappa + 1), and a turn
+  has no level deeper than its whole history (``k_upper = min(max_k, si + 1)``);
+- the level weight is (kappa + 2)^alpha (the code's L = k + 1 with k observations);
+- a level's item is dropped when its group is a singleton (``nL <= 1``) **or its advantage is
+  exactly 0**, and the weights are renormalised over the items left: w / (sum w + eps);
+- there is no episode term (``base_group=False`` in every script): A_t = A^H_t. Inside a group,
+  ``mode='mean_std_norm'`` is (G - mean) / (std ddof 0 + 1e-6), ``'mean_norm'`` G - mean.
+
+    A^H_t = sum_kappa (kappa+2)^alpha A_kappa(t) 1[item kept] / (sum_kappa (kappa+2)^alpha 1[item kept] + eps)
+
 Arena (notebook 34): ``hgpo_advantages(episodes, gamma=0.95, depth=2)``; the history is read from
 ``ep.state_keys`` and ``ep.action_ids`` (or ``ep.actions`` when there are no action ids). On a
 batch of a Markov policy (``KeyTablePolicy(key='state')``) the deeper levels only split the
@@ -255,3 +270,95 @@ class WindowTablePolicy(KeyTablePolicy):
             e = np.exp(z - z.max())
             return e / e.sum()
         return fn
+
+
+# --- the released estimator (verl-agent recipe/hgpo/core_hgpo.py: hgpo_advantage_estimate) ------
+RELEASED_MODES = ("mean_std_norm", "mean_norm")
+
+
+def obs_context_key(state_keys, t: int, kappa: int) -> tuple:
+    """The code's level-kappa key: the last kappa + 1 observations up to turn t (no actions),
+    kappa <= t. ``traj_h[ti][si - k + 1 : si + 1]`` with k = kappa + 1.
+
+    >>> obs_context_key(["a", "b", "c"], 2, 1)
+    ('b', 'c')
+    """
+    if not 0 <= kappa <= t:
+        raise ValueError(f"level {kappa} does not exist at turn {t} (0 <= kappa <= t)")
+    return tuple(state_keys[t - kappa:t + 1])
+
+
+def released_items(episodes, gamma: float = 0.95, history_length: int = 2,
+                   mode: str = "mean_std_norm", eps: float = 1e-6) -> list[list[list]]:
+    """Per episode, per turn, the list of (kappa, A_kappa, group mean of G, member turns): one
+    item per level whose group has two or more members (before the zero filter)."""
+    if mode not in RELEASED_MODES:
+        raise ValueError(f"mode must be one of {RELEASED_MODES}, got {mode!r}")
+    rtg = episode_returns_to_go(episodes, gamma)
+    clusters = defaultdict(list)
+    for i, ep in enumerate(episodes):
+        for t in range(len(ep)):
+            for kappa in range(min(history_length, t) + 1):
+                key = obs_context_key(ep.state_keys, t, kappa)
+                clusters[(ep.group_id, kappa, key)].append((i, t))
+    items = [[[] for _ in range(len(ep))] for ep in episodes]
+    for (_, kappa, _), members in clusters.items():
+        if len(members) <= 1:
+            continue
+        r = np.array([rtg[i][t] for i, t in members])  # (n,)
+        a = r - r.mean()
+        if mode == "mean_std_norm":
+            a = a / (r.std(ddof=0) + eps)
+        for (i, t), a_j in zip(members, a):
+            items[i][t].append((kappa, float(a_j), float(r.mean()), members))
+    return items
+
+
+def released_weights(kappas, advantages, alpha: float = 1.0, eps: float = 1e-6) -> np.ndarray:
+    """``aggregate_items``' weights over one turn's items: (kappa + 2)^alpha on the items whose
+    advantage is not exactly 0, over their sum + eps; all zero when none is left.
+
+    >>> released_weights([0, 1, 2], [0.5, 0.0, -1.0], eps=0.0).tolist()  # 2 and 4, of 6
+    [0.3333333333333333, 0.0, 0.6666666666666666]
+    """
+    adv = np.asarray(advantages, dtype=float)
+    w = (np.asarray(kappas, dtype=float) + 2.0) ** alpha * (adv != 0)
+    return w / (w.sum() + eps) if w.any() else np.zeros(len(adv))
+
+
+def released_step_advantages(episodes, gamma: float = 0.95, history_length: int = 2,
+                             alpha: float = 1.0, mode: str = "mean_std_norm",
+                             eps: float = 1e-6) -> list[np.ndarray]:
+    """The released HGPO advantage A_t = A^H_t (no episode term), (T_i,) per episode."""
+    out = [np.zeros(len(ep)) for ep in episodes]
+    for i, per_turn in enumerate(released_items(episodes, gamma, history_length, mode, eps)):
+        for t, its in enumerate(per_turn):
+            if its:
+                adv = [a for _, a, _, _ in its]
+                out[i][t] = float(released_weights([k for k, *_ in its], adv, alpha, eps) @ adv)
+    return out
+
+
+def released_baselines(episodes, gamma: float = 0.95, history_length: int = 2,
+                       alpha: float = 1.0, values=None, eps: float = 1e-6):
+    """``hgpo_baselines`` of the released estimator with ``mode='mean_norm'``: A^H_t = G_t - b_t,
+    so b_t = (1 - sum w) G_t + sum_kappa w_kappa mean_{G_kappa(t)} G (= G_t where no item is
+    kept), and with ``values`` bbar_t, the same with the members' values in place of G."""
+    rtg = episode_returns_to_go(episodes, gamma)
+    items = released_items(episodes, gamma, history_length, "mean_norm", eps)
+    b, bbar = [], [] if values is not None else None
+    for i, ep in enumerate(episodes):
+        bi = np.array(rtg[i], dtype=float)
+        bbi = None if values is None else np.array(values[i], dtype=float)
+        for t, its in enumerate(items[i]):
+            if not its:
+                continue
+            w = released_weights([k for k, *_ in its], [a for _, a, _, _ in its], alpha, eps)
+            bi[t] = (1 - w.sum()) * bi[t] + sum(wk * m for wk, (_, _, m, _) in zip(w, its))
+            if values is not None:
+                vm = [np.mean([values[j][u] for j, u in mem]) for *_, mem in its]
+                bbi[t] = (1 - w.sum()) * bbi[t] + float(w @ np.array(vm))
+        b.append(bi)
+        if values is not None:
+            bbar.append(bbi)
+    return b, bbar

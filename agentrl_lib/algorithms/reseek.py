@@ -17,6 +17,19 @@ and the answer: our forms are inferred):
   re-read, an out-of-order or a distractor document earns nothing);
 - j-hat_t = "useful" iff the judged open advanced the chain (``judge_truth``).
 
+**The released reward** (``released_rewards``; TencentBAC/ReSeek @ d5a8330,
+``verl/utils/reward_score/reseek_regex.py``: ``compute_score``, ``compute_content_overlap_reward``,
+``extract_information_judge_pairs``) is what the paper's code trains on, and the notebook's main
+arm: one number per episode, the outcome plus, for an episode that answered, a verdict term per
+(information, verdict) pair: +0.3 for a right verdict (+0.1 more when the answer is right),
+-0.6 for a wrong "useful" (Yes), -0.3 for a wrong "useless" (No); a "useful" verdict in an
+episode whose answer is right earns 0.4 without checking the information. The verdict's ground
+truth is that the information contains the gold answer (``check_label_in_information``: a
+case-insensitive substring), the environment's ``states_answer`` flag; an information block is a
+valid open (our search lists titles only, the document arrives with open) and pairs with the
+first verdict after it. No correctness or utility term: without JUDGE calls it is the outcome.
+
+The dense reward below (``process_rewards``, our reading of the abstract) is a named variant.
 ``process_rewards`` returns the per-turn rewards (outcome included); ``reseek_advantages`` turns
 them into GRPO advantages: ``mode="episode"`` (default; inferred: the paper trains with GRPO on a
 rollout's total reward) normalises each episode's total sum_t r_t within its group and
@@ -35,6 +48,64 @@ from agentrl_lib.algorithms.credit import (group_normalise_turns, groups_of, nor
                                           returns_to_go)
 
 MODES = ("episode", "turn")
+# reseek_regex.compute_score's defaults (correct_judge_reward, answer_correct_boost,
+# wrong_yes_penalty, wrong_no_penalty)
+CORRECT_JUDGE, ANSWER_BOOST, WRONG_YES, WRONG_NO = 0.3, 0.1, -0.6, -0.3
+
+
+def verdict_reward(said_useful: bool, states_answer: bool, answer_correct: bool,
+                   correct: float = CORRECT_JUDGE, boost: float = ANSWER_BOOST,
+                   wrong_yes: float = WRONG_YES, wrong_no: float = WRONG_NO) -> float:
+    """One (information, verdict) pair's term (``compute_content_overlap_reward``'s loop body).
+
+    >>> verdict_reward(True, False, True), verdict_reward(True, True, False)
+    (0.4, 0.3)
+    >>> verdict_reward(True, False, False), verdict_reward(False, True, True)
+    (-0.6, -0.3)
+    """
+    if said_useful and answer_correct:  # the code checks no information here
+        return correct + boost
+    if said_useful == states_answer:
+        return correct + (boost if answer_correct else 0.0)
+    return wrong_yes if said_useful else wrong_no
+
+
+def judge_pairs(episode) -> list[tuple[bool, bool]]:
+    """(said useful, the information states the answer) per valid open followed by a verdict:
+    each open pairs with the first JUDGE after it (``extract_information_judge_pairs``: two opens
+    before one verdict both pair with it; an open never judged pairs with nothing)."""
+    pairs, waiting = [], []
+    for info in episode.infos:
+        if info.get("valid") and info.get("tool") == "open" and "doc" in info:
+            if "states_answer" not in info:
+                raise ValueError("the released reward needs KGJudgeEnv's info['states_answer']")
+            waiting.append(bool(info["states_answer"]))
+        elif info.get("judge") is not None:
+            pairs += [(info["judge"] == "useful", s) for s in waiting]
+            waiting = []
+    return pairs
+
+
+def answered(episode) -> bool:
+    """The episode ended on a valid answer call (``compute_score``: ``answer is not None``)."""
+    return bool(episode.infos) and bool(episode.infos[-1].get("valid")) and \
+        episode.infos[-1].get("tool") == "answer"
+
+
+def released_rewards(episodes, **consts) -> list[np.ndarray]:
+    """ReSeek's released reward (``reseek_regex.compute_score``), (T_i,) per episode: zeros and,
+    on the last turn (the ``naive`` reward manager scores the response's last token),
+    R = sum_t (env reward) + 1[answered] * sum over ``judge_pairs`` of ``verdict_reward``.
+    The env reward is the outcome (1 for a right answer; the code's base_score; its 1/4 for more
+    than ten answer tags has no counterpart). ``consts`` override ``verdict_reward``'s."""
+    out = []
+    for ep in episodes:
+        r = np.zeros(len(ep))  # (T,)
+        if len(ep):
+            verdicts = sum(verdict_reward(y, s, ep.success, **consts) for y, s in judge_pairs(ep))
+            r[-1] = float(np.sum(ep.rewards)) + (verdicts if answered(ep) else 0.0)
+        out.append(r)
+    return out
 
 
 def step_flags(episode) -> dict:

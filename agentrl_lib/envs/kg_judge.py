@@ -39,7 +39,8 @@ done) while its ``info`` carries the extra flags.
 fact is aligned), ``advanced`` (the open extended the belief's correct prefix), ``judge``
 (the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief``
 (``believed``, entity ids), ``opened_kind`` ('entity', 'note', 'other' or None), ``doc`` (the
-id an open opened) and, on a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside,
+id an open opened), ``states_answer`` (the open's observation contains the answer's name: the
+ground truth of ReSeek's released reward, ``reseek.released_rewards``) and, on a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside,
 else None).
 
 ``KGJudgeMenuEnv`` plays the same environment through a finite menu (the tabular rung):
@@ -203,7 +204,7 @@ class KGJudgeEnv(KGSearchEnv):
         opened_before = len(self.opened)
         obs, reward, done, info = super().step(action_text)
         flags = dict(gold_retrieved=False, fact_true=False, advanced=False, judge=None,
-                     judge_truth=None, opened_kind=None)
+                     judge_truth=None, opened_kind=None, states_answer=False)
         gold = set(self.task["gold_docs"])
         if info["valid"] and info["tool"] == "search":
             flags["gold_retrieved"] = any(i in gold for i, _ in self.last_results)
@@ -219,6 +220,9 @@ class KGJudgeEnv(KGSearchEnv):
             flags["advanced"] = self.correct_prefix() > self.correct_prefix(before)
             self.pending = (doc_id, before, flags["advanced"])
             flags["doc"] = doc_id
+            # the released reward's ground truth (ReSeek reseek_regex.check_label_in_information):
+            # the gold answer is a case-insensitive substring of the information the agent read
+            flags["states_answer"] = self.task["answer"].lower().strip() in obs.lower()
         info.update(flags, belief=list(self.believed))
         return obs, reward, done, info
 
@@ -249,7 +253,7 @@ class KGJudgeEnv(KGSearchEnv):
         done = self.turn >= self.max_turns  # a verdict never ends the task: only the cap
         self.done = done
         info = self._info(error is None, error, "judge" if error is None else None, False, done)
-        info.update(gold_retrieved=False, fact_true=False, advanced=False,
+        info.update(gold_retrieved=False, fact_true=False, advanced=False, states_answer=False,
                     judge=verdict if error is None else None, judge_truth=truth,
                     opened_kind=None, belief=list(self.believed), rejected_doc=rejected)
         return obs, reward, done, info
