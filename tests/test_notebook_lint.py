@@ -11,9 +11,8 @@ from tests.test_notebooks_clean import NOTEBOOKS, ROOT
 # shrinks to empty as the teaching pass reaches each notebook; never grows
 PENDING = {
     "01_mdp_dynamic_programming", "02_policy_gradients", "03_ppo_gae", "04_rover", "10_tiny_lm",
-    "11_grpo_vs_trl", "12_tricks_or_traps", "13_ppo_llm", "14_v05", "15_pope",
-    "30_multiturn_agent", "31_gigpo", "32_archer", "33_spa_rl", "34_credit_arena", "35_salt",
-    "37_oprl", "38_igpo", "39_empg", "40_hiper", "41_agentgym_rl", "42_epo_entropy",
+    "11_grpo_vs_trl", "12_tricks_or_traps", "13_ppo_llm", "14_v05", "15_pope", "34_credit_arena",
+    "37_oprl", "38_igpo", "39_empg", "40_hiper", "42_epo_entropy",
 }
 
 
