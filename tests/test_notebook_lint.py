@@ -10,9 +10,7 @@ from tests.test_notebooks_clean import NOTEBOOKS, ROOT
 
 # shrinks to empty as the teaching pass reaches each notebook; never grows
 PENDING = {
-    "01_mdp_dynamic_programming", "02_policy_gradients", "03_ppo_gae", "04_rover", "10_tiny_lm",
-    "11_grpo_vs_trl", "12_tricks_or_traps", "13_ppo_llm", "14_v05", "15_pope", "34_credit_arena",
-    "37_oprl", "38_igpo", "39_empg", "40_hiper", "42_epo_entropy",
+    "34_credit_arena", "37_oprl", "38_igpo", "39_empg", "40_hiper", "42_epo_entropy",
 }
 
 
