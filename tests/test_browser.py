@@ -100,7 +100,10 @@ def test_report_renders_with_tables_figures_and_links(driver, tmp_path, monkeypa
     driver.get(index.as_uri())
     assert "agentrl" in driver.title
     tables = driver.find_elements("css selector", "table")
-    assert tables and "total is positive" in tables[0].text and "holds" in tables[0].text
+    # the scoreboard opens the page, then each notebook's table of claims
+    assert len(tables) >= 2 and "Scoreboard" in driver.page_source
+    assert "00_toy" in tables[0].text and "fidelity" in tables[0].text
+    assert "total is positive" in tables[1].text and "holds" in tables[1].text
     imgs = driver.find_elements("css selector", "img")
     assert imgs and all(driver.execute_script("return arguments[0].naturalWidth", i) > 100
                         for i in imgs)  # every figure decoded
@@ -109,7 +112,10 @@ def test_report_renders_with_tables_figures_and_links(driver, tmp_path, monkeypa
     assert _png_is_not_blank(shot)
     # every link of the page resolves in the browser too: the executed notebooks open
     hrefs = [a.get_attribute("href") for a in driver.find_elements("css selector", "a")]
-    local = [h for h in hrefs if h.startswith("file:")]
+    anchors = [h for h in hrefs if h.startswith("file:") and "#" in h]  # the scoreboard's
+    assert [h.split("#")[1] for h in anchors] == ["00_toy"]
+    assert driver.find_elements("id", "00_toy")  # the section it links to
+    local = [h for h in hrefs if h.startswith("file:") and "#" not in h]
     assert len(local) == 2  # seed 0 and seed 1
     for h in local:
         driver.get(h)
