@@ -60,3 +60,23 @@ def test_a_result_that_is_not_json_fails_and_caches_nothing(monkeypatch, tmp_pat
     with pytest.raises(TypeError):
         shared_tuning("nb", params, lambda: {(0.1, 100): 0.5})  # tuple keys: not JSON
     assert not list((tmp_path / "cpu" / "nb" / "tuning").glob("*.json"))
+
+
+def test_tune_arms_picks_per_arm_with_the_same_sweep(monkeypatch, tmp_path):
+    from agentrl_lib.pipeline.tuning import tune_arms
+
+    seen = []
+
+    def score(arm, lr, s):  # arm a peaks at lr 0.3, arm b at 0.1
+        seen.append((arm, lr, s))
+        return -abs(lr - (0.3 if arm == "a" else 0.1))
+
+    params = _at_seed(monkeypatch, tmp_path, 0)
+    out = tune_arms("nb", params, ["a", "b"], [0.1, 0.3], [100, 101], score)
+    assert out["picks"] == {"a": 0.3, "b": 0.1} and len(seen) == 8
+    assert set(seen) == {(a, lr, s) for a in "ab" for lr in (0.1, 0.3) for s in (100, 101)}
+    assert tune_arms("nb", params, ["a"], [0.2], [], score) == \
+        {"scores": {}, "picks": {"a": 0.2}, "cached": False}  # one lr: no tuning run
+    assert len(seen) == 8
+    with pytest.raises(ValueError, match="tuning seeds"):
+        tune_arms("nb", params, ["a"], [0.1, 0.3], [], score)

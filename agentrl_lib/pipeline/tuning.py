@@ -77,14 +77,22 @@ def edge_lr(scores: dict, step: float = 3.0, *, higher_is_better: bool = True) -
 
 
 def library_hash() -> str:
-    """A short hash of the library's source (every ``agentrl_lib/**/*.py``): a tuning pass cached
-    by an older library is not reused."""
+    """A short hash of the library's source (every ``agentrl_lib/**/*.py``) as this process
+    imported it (hashed when this module is imported): a tuning pass cached by other library code
+    is not reused."""
+    return _LIBRARY_HASH
+
+
+def _hash_library() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+_LIBRARY_HASH = _hash_library()
 
 
 def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
@@ -133,3 +141,27 @@ def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
         tmp.write_text(json.dumps(out, indent=1, sort_keys=True))
         tmp.replace(path)
     return {**out, "cached": False}
+
+
+def tune_arms(notebook: str, params: dict, arms, lrs, tuning_seeds, score, *,
+              name: str = "lm", higher_is_better: bool = True) -> dict:
+    """Each arm's lr by the one rule, from one shared tuning pass: ``score(arm, lr, tuning_seed)``
+    (the final tuning-panel metric of a run of the judged run's length) for every arm, lr and
+    tuning seed, the same sweep for every arm; ``pick_lr`` per arm; the pass through
+    ``shared_tuning`` (once per profile). A sweep of one lr needs no tuning run. Returns
+    {"scores": {"arm@lr@seed": value}, "picks": {arm: lr}, "cached": bool}.
+    """
+    arms, lrs, tuning_seeds = list(arms), [float(x) for x in lrs], [int(s) for s in tuning_seeds]
+    if len(lrs) == 1:
+        return {"scores": {}, "picks": {a: lrs[0] for a in arms}, "cached": False}
+    if not tuning_seeds:
+        raise ValueError("a sweep of more than one lr needs tuning seeds")
+
+    def compute():
+        scores = {f"{a}@{lr:g}@{s}": float(score(a, lr, s))
+                  for a in arms for lr in lrs for s in tuning_seeds}
+        picks = {a: pick_lr({lr: [scores[f"{a}@{lr:g}@{s}"] for s in tuning_seeds] for lr in lrs},
+                            higher_is_better=higher_is_better) for a in arms}
+        return {"scores": scores, "picks": picks}
+
+    return shared_tuning(notebook, params, compute, name=name)
