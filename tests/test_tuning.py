@@ -80,3 +80,30 @@ def test_tune_arms_picks_per_arm_with_the_same_sweep(monkeypatch, tmp_path):
     assert len(seen) == 8
     with pytest.raises(ValueError, match="tuning seeds"):
         tune_arms("nb", params, ["a"], [0.1, 0.3], [], score)
+
+
+def test_a_change_of_the_notebook_code_tunes_again(monkeypatch, tmp_path):
+    from agentrl_lib.pipeline.tuning import notebook_code_hash
+
+    run = tmp_path / "cpu" / "nb" / "seed0"
+    run.mkdir(parents=True)
+    monkeypatch.setenv("AGENTRL_RUN_DIR", str(run))
+
+    def write(code, seed_line):
+        cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "seed = 0"},
+                 {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]},
+                  "source": seed_line},
+                 {"cell_type": "code", "metadata": {}, "source": code}]
+        (run / "nb.ipynb").write_text(json.dumps({"cells": cells}))
+
+    write("x = 1", "seed = 0")
+    h0 = notebook_code_hash("nb")
+    write("x = 1", "seed = 1")  # another seed's injected parameters: the same code
+    assert notebook_code_hash("nb") == h0 != ""
+    calls = []
+    params = {"seed": 0, "lrs": [0.1, 0.3]}
+    shared_tuning("nb", params, lambda: calls.append(1) or {"best": 0.1})
+    write("x = 2", "seed = 0")  # the code changed: tune again
+    assert notebook_code_hash("nb") != h0
+    shared_tuning("nb", params, lambda: calls.append(1) or {"best": 0.1})
+    assert len(calls) == 2

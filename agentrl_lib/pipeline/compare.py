@@ -10,10 +10,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
-TIMING = ("wall", "time", "_s", "ms_per", "seconds", "overhead", "timing")
-"""metric-name fragments of wall-clock measurements, left out of the comparison"""
+TIMING_WORDS = ("wall", "time", "seconds", "timing", "overhead", "ms")
+"""words of a metric name (split at '/', '_', '-', '@') that mark a wall-clock measurement"""
+
+
+def is_timing(key: str) -> bool:
+    """A wall-clock measurement, left out of the comparison: a path segment ending in '_s' (a
+    duration in seconds) or holding one of ``TIMING_WORDS`` as a whole word. ``final_success`` or
+    ``zero_variance_share`` are not timings (a substring rule once took them for '_s').
+
+    >>> [is_timing(k) for k in ("metrics/wall_s", "metrics/lm/timing/adv_grpo_s",
+    ...                         "metrics/time/step_s", "metrics/final_success",
+    ...                         "metrics/zero_variance_share", "claims/c/statement",
+    ...                         "metrics/timesteps", "metrics/ms_per_token")]
+    [True, True, True, False, False, False, False, True]
+    """
+    for seg in key.lower().split("/"):
+        if seg.endswith("_s") or any(w in TIMING_WORDS for w in re.split(r"[_\-@.]+", seg)):
+            return True
+    return False
 
 
 def flatten(obj, prefix: str = "") -> dict:
@@ -46,7 +64,7 @@ def _numbers(path: Path) -> tuple[dict, dict]:
     data = json.loads(path.read_text())
     claims = {c["id"]: c for c in data.get("claims", [])}
     flat = flatten({"metrics": data.get("metrics", {}), "claims": claims})
-    return {k: v for k, v in flat.items() if not any(t in k.lower() for t in TIMING)}, claims
+    return {k: v for k, v in flat.items() if not is_timing(k)}, claims
 
 
 def compare(before: Path, after: Path, rtol: float = 1e-9) -> dict:

@@ -95,6 +95,33 @@ def _hash_library() -> str:
 _LIBRARY_HASH = _hash_library()
 
 
+def notebook_code_hash(notebook: str) -> str:
+    """A short hash of the notebook's code cells as this run executes them (the parameters cells
+    left out: ``params`` carries them): the copy papermill writes in the run folder
+    (``$AGENTRL_RUN_DIR/<notebook>.ipynb``, filled in as it runs) when there is one, else
+    ``notebooks/<notebook>.ipynb`` of the checkout; '' when neither can be read."""
+    import os
+
+    from agentrl_lib.pipeline.notebooks import repo_root
+
+    run_dir = os.environ.get("AGENTRL_RUN_DIR")
+    paths = [Path(run_dir) / f"{notebook}.ipynb"] if run_dir else []
+    try:
+        paths.append(repo_root() / "notebooks" / f"{notebook}.ipynb")
+    except Exception:  # no checkout beside this process: the run folder's copy or nothing
+        pass
+    for path in paths:
+        try:
+            cells = json.loads(path.read_text())["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        code = ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"
+                and not {"parameters", "injected-parameters"} & set(c.get("metadata", {})
+                                                                   .get("tags", []))]
+        return hashlib.sha1("\n\0".join(code).encode()).hexdigest()[:12]
+    return ""
+
+
 def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
                   exclude=("seed", "interactive")) -> dict:
     """The tuning pass of a notebook, run once per profile and shared by its judged seeds.
@@ -103,8 +130,10 @@ def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
     judged seed: ``compute()`` (returning a JSON-able dict: the tuning scores and the picks) runs
     for the first seed and is saved as ``<notebook folder>/tuning/<name>-<key>.json`` beside the
     seed folders (``paths.current_run_dir``'s parent); the other seeds read it. ``key`` hashes
-    ``params`` without ``exclude`` and ``library_hash()``, so a change of any other parameter or of
-    the library runs it again. A lock file makes a seed running at the same time wait instead of
+    ``params`` without ``exclude``, ``library_hash()`` and ``notebook_code_hash(notebook)``, so a
+    change of any other parameter, of the library or of the notebook's code runs it again.
+    ``compute`` must not depend on the judged seed (seed its draws from the tuning seeds and fixed
+    constants): whichever seed runs it first, the others read its result. A lock file makes a seed running at the same time wait instead of
     tuning twice. The random states of ``random``, numpy and torch are restored after
     ``compute()``, so what the notebook draws next does not depend on whether the pass ran here
     or was read. Returns the dict, with ``"cached": True`` when it was read.
@@ -118,8 +147,8 @@ def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
 
     seed = int(params.get("seed", 0))
     kept = {k: v for k, v in sorted(params.items()) if k not in exclude}
-    key = hashlib.sha1(json.dumps([kept, library_hash()], sort_keys=True, default=str)
-                       .encode()).hexdigest()[:12]
+    key = hashlib.sha1(json.dumps([kept, library_hash(), notebook_code_hash(notebook)],
+                                  sort_keys=True, default=str).encode()).hexdigest()[:12]
     folder = current_run_dir(notebook, seed).parent / "tuning"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{key}.json"
