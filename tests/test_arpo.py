@@ -16,20 +16,25 @@ def test_entropy_change_score_and_budget_split():
     assert arpo.entropy([0.5, 0.5]) == pytest.approx(math.log(2))
     assert arpo.entropy([1.0, 0.0]) == 0.0
     assert arpo.entropy_change(1.0, 0.4, 2.0) == pytest.approx(0.3)
-    # alpha + beta dH, and AEPO's (1 - penalty)^l
+    # alpha + beta dH (ARPO's score)
     assert arpo.branch_score(0.3, 0.5, 2.0) == pytest.approx(1.1)
-    assert arpo.branch_score(0.3, 0.5, 2.0, penalty=0.5, num_forks=1) == pytest.approx(0.55)
     assert arpo.branch_score(-0.5, 0.5, 1.0) == pytest.approx(0.0)
-    # N = round(M sigma(kappa (H_root - H_tool) / H_max)): sigma(2) = 0.8808 -> 7 of 8
-    assert arpo.global_count(8, 2.0, 1.0, 4.0, 2.0) == 7
+    # AEPO's pre-monitoring, the code's form: N = int(M sigma(kappa (H_root - H_tool) / H_max)) + 1
+    # sigma(2) = 0.8808 -> int(7.05) + 1 = 8 of 8; sigma(0.25) = 0.5622 -> int(4.50) + 1 = 5
+    assert arpo.global_count(8, 2.0, 1.0, 4.0, 2.0) == 8
+    assert arpo.global_count(8, 1.5, 1.0, 1.0, 2.0) == 5
     assert arpo.global_count(8, 0.0, 4.0, 100.0, 1.0) == 1  # never below one global sample
-    with pytest.raises(ValueError, match="penalty"):
-        arpo.branch_score(0.1, 0.5, 1.0, penalty=1.5)
     # the released rule: P = clip(0.5 + 0.2 dH, 0, 1) (alpha, beta: the code's defaults)
     assert arpo.branch_probability(0.5) == pytest.approx(0.6)
     assert arpo.branch_probability(-1.0) == pytest.approx(0.3)
     assert arpo.branch_probability(3.0) == 1.0 and arpo.branch_probability(-3.0) == 0.0
-    assert arpo.branch_probability(0.5, 0.5, 0.2, penalty=0.5, num_forks=1) == pytest.approx(0.3)
+    # AEPO's released draw: (u + beta dH) f >= alpha, f = max(0, 1 - 0.05 l):
+    # l = 4 -> f = 0.8, P = 1 - 0.5 / 0.8 + 0.2 * 0.5 = 0.475; l = 20 -> f = 0 -> never
+    assert arpo.aepo_branch_probability(0.5, consecutive=4) == pytest.approx(0.475)
+    assert arpo.aepo_branch_probability(3.0, consecutive=20) == 0.0
+    assert arpo.aepo_branch_probability(0.5) == pytest.approx(arpo.branch_probability(0.5))
+    with pytest.raises(ValueError, match="penalty"):
+        arpo.penalty_factor(1, penalty=-0.1)
     with pytest.raises(ValueError, match="h_max"):
         arpo.entropy_change(1.0, 0.0, 0.0)
 
@@ -63,8 +68,13 @@ def test_leaf_advantages_are_grpo_and_entropy_weighting():
     expected = (r - 0.5) / (r.std(ddof=1) + 1e-4)
     assert np.allclose(arpo.leaf_advantages(r), expected)
     assert np.all(arpo.leaf_advantages([1.0, 1.0, 1.0]) == 0.0)
-    out = arpo.entropy_aware_advantages([np.array([2.0, -1.0])], [np.array([0.5, -0.2])], 0.5)
-    assert out[0].tolist() == pytest.approx([2.5, -0.9])
+    # entropies 1, 3 (one leaf) and 2 (another): mean 2, unbiased std 1 -> z = -1, 1, 0
+    out = arpo.entropy_aware_advantages([np.array([2.0, -1.0]), np.array([4.0])],
+                                        [np.array([1.0, 3.0]), np.array([2.0])], 0.2)
+    assert out[0].tolist() == pytest.approx([2.0 * 0.8, -1.0 * 1.2]) and out[1][0] == 4.0
+    # constant entropies: std := 1, z = 0, the advantages unchanged
+    same = arpo.entropy_aware_advantages([np.array([1.0, -1.0])], [np.array([0.7, 0.7])], 0.2)
+    assert same[0].tolist() == [1.0, -1.0]
 
 
 def test_sg_clip_keeps_the_gradient_where_ppo_clips():
@@ -156,13 +166,19 @@ def test_fork_rules_entropy_and_random():
 
 def test_aepo_penalty_and_premonitoring():
     pol = _policy_uncertain_after_tools()
-    cfg = arpo.ARPOConfig(rollout="aepo", group_size=8, num_branches=2, alpha=1.0, beta=0.0,
+    # penalty 1: after one forking round the factor is 0, so no fork follows a forking round
+    cfg = arpo.ARPOConfig(rollout="aepo", group_size=8, num_branches=1, alpha=0.5, beta=0.0,
                           penalty=1.0, kappa=4.0)
     tree = arpo.tree_rollout(CalcCruxEnv, pol, 3, cfg, np.random.default_rng(0))
     assert len(tree.episodes) == 8
-    # penalty 1: a lineage forks at most once, so no fork has a fork before it
-    assert tree.forks > 0 and all(l == 0 for l in tree.fork_lineage)
-    # H_root ~ 0.08 < H_tool = log 11: sigma(4 (0.08 - 2.40) / 2.40) * 8 -> N = 0 -> 1 global
+    assert tree.forks > 0 and all(c == 0 for c in tree.fork_consecutive)
+    # without the penalty the same trees fork after forking rounds (the control of the above)
+    free = arpo.ARPOConfig(rollout="aepo", group_size=8, num_branches=1, alpha=0.0, beta=0.0,
+                           penalty=0.0, kappa=4.0)
+    trees = [arpo.tree_rollout(CalcCruxEnv, pol, s, free, np.random.default_rng(s))
+             for s in range(10)]
+    assert any(c > 0 for t in trees for c in t.fork_consecutive)
+    # H_root ~ 0.08 < H_tool = log 11: int(8 sigma(4 (0.08 - 2.40) / 2.40)) + 1 = int(0.17) + 1
     assert tree.num_global == 1
 
 

@@ -42,25 +42,35 @@ PPO's clip removes the gradient of high-entropy tokens. Its cells here (``rollou
 
 - entropy pre-monitoring: the global share of the budget is sigma(kappa (H_root - H_tool)) (more
   global sampling when the question is more uncertain than the tool steps, more branching
-  otherwise), N = clip(round(M sigma(.)), 1, M) (``global_count``), H_tool from the first global
-  path's post-tool steps;
-- the consecutive-branch penalty: P_t = clip((alpha + beta dH_t) (1 - penalty)^l, 0, 1) with l the
-  number of forks already on the path's lineage (``branch_probability``);
-- stop-gradient high-entropy clipping (``sg_clip_loss``): where PPO's clip is active on the upper
-  side (A > 0, rho > 1 + eps) of a high-entropy token, the term -sg((1 + eps) / rho) rho A keeps the
-  clipped value and a gradient -(1 + eps) A grad log pi instead of none;
-- entropy-aware advantages (``entropy_aware_advantages``): A_t (1 + gamma_h dH_t).
+  otherwise): N = clip(int(M sigma(.)) + 1, 1, M) (``global_count``), kappa = 0.5, H_tool from
+  the first global path's post-tool steps;
+- the consecutive-branch penalty (``aepo_branch_probability``): a post-tool step's draw is
+  (u + beta dH_t) f_l against alpha, f_l = max(0, 1 - penalty l) with penalty = 0.05 and l the
+  number of consecutive tool rounds just before this one in which the task forked: the fork
+  probability is clip(1 - alpha / f_l + beta dH_t, 0, 1) (0 when f_l = 0);
+- stop-gradient clipping (``sg_clip_loss``): where PPO's clip is active on the upper side
+  (A > 0, rho > 1 + eps) the term -sg((1 + eps) / rho) rho A keeps the clipped value and a
+  gradient -(1 + eps) A grad log pi instead of none (on every token, as the code);
+- entropy-aware advantages (``entropy_aware_advantages``): A_t (1 + gamma_h z_t), z_t the step's
+  entropy z-scored over the update's batch, gamma_h = 0.2.
 
-Taken from the papers and the code (``reproductions/fidelity/55_arpo.md``): the branch
-probability clip(alpha + beta dH) with alpha = 0.5, beta = 0.2 (code), forking at post-tool steps
-under a leaf budget M with N initial global samples, refilling with global samples, hard (the mean
-on each copy, paper sec. 3.2) and soft attribution (soft the default), AEPO's sigmoid budget split
-from root vs tool-step entropy, the penalty on consecutive branching, the stop-gradient clip and
-the entropy-weighted advantage. Inferred (not fixed by what we read): dH normalised by log|A| (the
-code divides by log V); H_init as the first step's entropy; the forking path continues besides its
+Taken from the papers and the code (``reproductions/fidelity/55_arpo.md``, ``56_aepo.md``): the
+branch probability clip(alpha + beta dH) with alpha = 0.5, beta = 0.2 (code), forking at post-tool
+steps under a leaf budget M with N initial global samples, refilling with global samples, hard
+(the mean on each copy, paper sec. 3.2) and soft attribution (soft the default); AEPO's pieces as
+the released code writes them (read in copies of ``AEPO/verl_aepo_entropy`` held by the file
+index: the rollout's ``_calculate_initial_rollouts_dynamical`` and branching loop with
+``consecutive_branches``, ``core_algos.compute_policy_loss_entropy_balanced_clipping``): the
+pre-monitoring count int(n sigma(0.5 (H_root - H_tool))) + 1, the linear penalty 0.05 per
+consecutive forking round of the task, the stop-gradient clip on every token and the z-scored
+entropy weight 0.2. Inferred (not fixed by what we read): dH normalised by log|A| (the code
+divides by log V); H_init as the first step's entropy; the forking path continues besides its
 Z forks, and a fork resamples step t itself (the code: the step after the next tool response);
-AEPO's penalty form (1 - penalty)^l; H_tool from the first global path; the entropy-aware form
-(1 + gamma_h dH_t).
+a tool round as the number of tool calls in the path's prefix, with paths played one after the
+other (the code plays all paths of a task in lockstep rounds, so a path here sees the forks of
+the paths played before it); the pre-monitoring path is one of the M leaves (the code plays an
+extra one, and its released scripts turn pre-monitoring off); entropies z-scored with torch's
+unbiased std (1 where it is 0).
 
 The tabular loop ``train`` plays trees with a ``KeyTablePolicy`` (``policy.probs`` of the state
 key), attributes advantages and takes ``agent_pg.update``'s PPO step; ``rollout='global'`` (M
@@ -104,39 +114,63 @@ def entropy_change(h_t: float, h_init: float, h_max: float) -> float:
     return (h_t - h_init) / h_max
 
 
-def branch_score(delta_h: float, alpha: float, beta: float, penalty: float = 0.0,
-                 num_forks: int = 0) -> float:
-    """ARPO: P_t = alpha + beta dH_t; AEPO: times (1 - penalty)^l, l = forks already on the path.
+def branch_score(delta_h: float, alpha: float, beta: float) -> float:
+    """ARPO's score P_t = alpha + beta dH_t (before the clip).
 
-    >>> branch_score(0.5, alpha=0.5, beta=1.0), branch_score(0.5, 0.5, 1.0, penalty=0.5, num_forks=2)
-    (1.0, 0.25)
+    >>> branch_score(0.5, alpha=0.5, beta=1.0)
+    1.0
     """
-    if not 0.0 <= penalty <= 1.0:
-        raise ValueError(f"penalty must be in [0, 1], got {penalty}")
-    return (alpha + beta * delta_h) * (1.0 - penalty) ** num_forks
+    return alpha + beta * delta_h
 
 
-def branch_probability(delta_h: float, alpha: float = 0.5, beta: float = 0.2,
-                       penalty: float = 0.0, num_forks: int = 0) -> float:
-    """P_t = clip(branch_score, 0, 1): the probability that a post-tool step forks (ARPO's released
-    rule, ``vllm_rollout_with_tools.py``, ``generate_sequences``; alpha = ``branch_probability``
-    0.5, beta = ``entropy_weight`` 0.2 in its scripts).
+def branch_probability(delta_h: float, alpha: float = 0.5, beta: float = 0.2) -> float:
+    """P_t = clip(alpha + beta dH_t, 0, 1): the probability that a post-tool step forks (ARPO's
+    released rule, ``vllm_rollout_with_tools.py``, ``generate_sequences``; alpha =
+    ``branch_probability`` 0.5, beta = ``entropy_weight`` 0.2 in its scripts).
 
     >>> branch_probability(0.0), branch_probability(1.0), branch_probability(-3.0, 0.5, 0.2)
     (0.5, 0.7, 0.0)
     """
-    return min(max(branch_score(delta_h, alpha, beta, penalty, num_forks), 0.0), 1.0)
+    return min(max(branch_score(delta_h, alpha, beta), 0.0), 1.0)
+
+
+def penalty_factor(consecutive: int, penalty: float = 0.05) -> float:
+    """AEPO's factor f_l = max(0, 1 - penalty l) after l consecutive forking rounds of the task
+    (the released code's ``max(0.0, 1.0 - 0.05 * consecutive_branches[orig_sample])``).
+
+    >>> penalty_factor(0), penalty_factor(2), penalty_factor(30)
+    (1.0, 0.9, 0.0)
+    """
+    if penalty < 0:
+        raise ValueError(f"penalty must be >= 0, got {penalty}")
+    return max(0.0, 1.0 - penalty * consecutive)
+
+
+def aepo_branch_probability(delta_h: float, alpha: float = 0.5, beta: float = 0.2,
+                            penalty: float = 0.05, consecutive: int = 0) -> float:
+    """AEPO's released branching draw: prob = (u + beta dH) f_l with u ~ U(0, 1), a fork where
+    prob >= alpha, i.e. P = clip(1 - alpha / f_l + beta dH, 0, 1) (0 when f_l = 0). Without a
+    penalty (f = 1) and at alpha = 0.5 it is ARPO's clip(alpha + beta dH).
+
+    >>> aepo_branch_probability(0.0), round(aepo_branch_probability(0.0, consecutive=2), 4)
+    (0.5, 0.4444)
+    """
+    f = penalty_factor(consecutive, penalty)
+    if f == 0.0:
+        return 0.0
+    return min(max(1.0 - alpha / f + beta * delta_h, 0.0), 1.0)
 
 
 def global_count(group_size: int, h_root: float, h_tool: float, kappa: float, h_max: float) -> int:
-    """AEPO's entropy pre-monitoring: N = clip(round(M sigma(kappa (H_root - H_tool) / H_max)), 1, M)
-    global samples of the budget M; the rest is for branching.
+    """AEPO's entropy pre-monitoring: N = clip(int(M sigma(kappa (H_root - H_tool) / H_max)) + 1,
+    1, M) global samples of the budget M (the code's ``int(n * sigmoid(0.5 * (H_root -
+    H_tool_avg))) + 1`` on entropies normalised by log V); the rest is for branching.
 
-    >>> global_count(8, 1.0, 1.0, kappa=4.0, h_max=2.0), global_count(8, 0.0, 2.0, 4.0, 2.0)
-    (4, 1)
+    >>> global_count(8, 1.0, 1.0, kappa=0.5, h_max=2.0), global_count(8, 0.0, 2.0, 100.0, 2.0)
+    (5, 1)
     """
     z = kappa * (h_root - h_tool) / h_max
-    return int(min(max(round(group_size / (1.0 + math.exp(-z))), 1), group_size))
+    return int(min(max(int(group_size / (1.0 + math.exp(-z))) + 1, 1), group_size))
 
 
 def leaf_advantages(returns, norm_adv: bool = True) -> np.ndarray:
@@ -175,14 +209,29 @@ def attribute(node_ids, leaf_adv, mode: str = "soft") -> list[np.ndarray]:
     return [np.array([value[n] for n in ids], dtype=np.float64) for ids in node_ids]
 
 
-def entropy_aware_advantages(advantages, delta_h, gamma_h: float) -> list[np.ndarray]:
-    """AEPO's entropy-aware advantage (form inferred): A_t (1 + gamma_h dH_t), per episode (T_i,).
+def entropy_z(entropies) -> list[np.ndarray]:
+    """Each step's entropy z-scored over every step of the batch, per episode (T_i,): (H - mean)
+    / std with torch's unbiased std, std := 1 where it is 0 or undefined (the code's
+    ``entropy_normalized`` over the valid response tokens of the batch).
 
-    >>> entropy_aware_advantages([np.array([1.0, -1.0])], [np.array([0.5, 0.0])], 1.0)[0].tolist()
-    [1.5, -1.0]
+    >>> [z.round(3).tolist() for z in entropy_z([[0.0, 1.0], [2.0]])]
+    [[-1.0, 0.0], [1.0]]
     """
-    return [np.asarray(a, dtype=np.float64) * (1.0 + gamma_h * np.asarray(d, dtype=np.float64))
-            for a, d in zip(advantages, delta_h)]
+    flat = np.concatenate([np.asarray(h, dtype=np.float64) for h in entropies])
+    std = float(flat.std(ddof=1)) if len(flat) > 1 else 0.0
+    std = std if std > 0 else 1.0
+    return [(np.asarray(h, dtype=np.float64) - flat.mean()) / std for h in entropies]
+
+
+def entropy_aware_advantages(advantages, entropies, gamma_h: float) -> list[np.ndarray]:
+    """AEPO's entropy-aware advantage (the code's): A_t (1 + gamma_h z_t), z_t the step's
+    entropy z-scored over the batch (``entropy_z``), per episode (T_i,).
+
+    >>> entropy_aware_advantages([np.array([1.0, -1.0])], [np.array([0.0, 2.0])], 0.2)[0].tolist()
+    [0.8585786437626906, -1.1414213562373094]
+    """
+    return [np.asarray(a, dtype=np.float64) * (1.0 + gamma_h * z)
+            for a, z in zip(advantages, entropy_z(entropies))]
 
 
 def sg_clip_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
@@ -230,12 +279,13 @@ class ARPOConfig:
     """base branch probability (the code's ``branch_probability``)"""
     beta: float = 0.2
     """weight of the normalised entropy change (the code's ``entropy_weight``)"""
-    penalty: float = 0.5
-    """'aepo': the branch score shrinks by (1 - penalty) per fork already on the lineage"""
-    kappa: float = 4.0
-    """'aepo': slope of the pre-monitoring sigmoid"""
+    penalty: float = 0.05
+    """'aepo': the draw is scaled by max(0, 1 - penalty l), l the consecutive forking rounds of
+    the task (the code's 0.05)"""
+    kappa: float = 0.5
+    """'aepo': slope of the pre-monitoring sigmoid (the code's 0.5)"""
     gamma_h: float = 0.0
-    """entropy-aware advantage weight (AEPO); 0: off"""
+    """entropy-aware advantage weight A (1 + gamma_h z) (AEPO; the code's 0.2); 0: off"""
     max_tool_calls: int | None = None
     """stop training once this many tool calls were paid (the tool-call budget); None: num_iters"""
     lr: float = 0.5
@@ -271,6 +321,16 @@ class Tree:
     fork_lineage: list  # l (forks already on the lineage) at each fork
     num_global: int
     fork_keys: list = None  # the policy's state key at each fork
+    fork_consecutive: list = None  # at each fork: the task's consecutive forking rounds before it
+
+
+def _run_before(round_forked: dict, k: int) -> int:
+    """The number of consecutive tool rounds just before round k in which the task forked (the
+    code's ``consecutive_branches`` of the task at round k)."""
+    run = 0
+    while round_forked.get(k - 1 - run, False):
+        run += 1
+    return run
 
 
 def _policy_probs(policy, env, obs) -> np.ndarray:
@@ -318,17 +378,26 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
             if (cfg.rollout != "global" and after_tool and h_init is not None
                     and n_budget["leaves"] + Z <= M):
                 dh = entropy_change(h, h_init, h_max) if cfg.fork_rule == "entropy" else 0.0
-                pen = cfg.penalty if cfg.rollout == "aepo" else 0.0
-                prob = branch_probability(dh, cfg.alpha, cfg.beta, pen, l)
+                k = sum(tools)  # the tool round: tool responses in the prefix
+                if cfg.rollout == "aepo":
+                    run = _run_before(n_budget["round_forked"], k)
+                    prob = aepo_branch_probability(dh, cfg.alpha, cfg.beta, cfg.penalty, run)
+                else:
+                    prob = branch_probability(dh, cfg.alpha, cfg.beta)
                 key = env.state_key() if policy.key == "state" else ep.observations[-1]
                 if fork_fn is not None:
                     prob = fork_fn(key)
-                if rng.random() < prob:
+                forked = bool(rng.random() < prob)
+                rounds = n_budget["round_forked"]
+                rounds[k] = rounds.get(k, False) or forked
+                if forked:
                     n_budget["fork_keys"].append(key)
                     n_budget["leaves"] += Z
                     spawned += [(ep, t, ids[:t], tools[:t], ents[:t], l + 1)] * Z
                     n_budget["fork_depths"].append(t)
                     n_budget["fork_lineage"].append(l)
+                    n_budget["fork_consecutive"].append(run if cfg.rollout == "aepo" else
+                                                        _run_before(rounds, k))
                     l += 1
             a = int(rng.choice(len(p), p=p / p.sum()))
             running = record_step(ep, env, a)
@@ -348,7 +417,8 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
     p0 = _policy_probs(policy, env0, obs0)
     h_root, h_max = entropy(p0), math.log(len(p0))
     n_global = cfg.num_global if cfg.rollout == "arpo" else M
-    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": [], "fork_keys": []}
+    budget = {"leaves": 0, "fork_depths": [], "fork_lineage": [], "fork_keys": [],
+              "round_forked": {}, "fork_consecutive": []}
     leaves = []  # the path of each finished leaf
     queue = []  # paths to play: ("global", None) or ("fork", (episode, turn, ids, tools, ents, l))
     if cfg.rollout == "aepo":  # pre-monitoring: the first global path (no forks) gives H_tool
@@ -382,7 +452,8 @@ def tree_rollout(make_env, policy, seed: int, cfg: ARPOConfig, rng: np.random.Ge
         node_ids.append(ids)
     tool_nodes = {n for _, ids, tools, _, _, _ in leaves for tool, n in zip(tools, ids) if tool}
     return Tree(episodes, node_ids, len(tool_nodes), len(budget["fork_depths"]),
-                budget["fork_depths"], budget["fork_lineage"], n_global, budget["fork_keys"])
+                budget["fork_depths"], budget["fork_lineage"], n_global, budget["fork_keys"],
+                budget["fork_consecutive"])
 
 
 def post_tool_mask(ep) -> np.ndarray:
@@ -394,22 +465,17 @@ def post_tool_mask(ep) -> np.ndarray:
     return m
 
 
-def tree_advantages(trees, cfg: ARPOConfig, h_max: float | None = None) -> list[np.ndarray]:
+def tree_advantages(trees, cfg: ARPOConfig) -> list[np.ndarray]:
     """Per-step advantages of every leaf of every tree: leaf GRPO advantages, attributed
-    (``cfg.attribution``), then AEPO's entropy weighting where ``cfg.gamma_h`` != 0 (dH of each step
-    against its tree's first-step entropy, in units of ``h_max``)."""
-    out = []
+    (``cfg.attribution``), then AEPO's entropy weighting where ``cfg.gamma_h`` != 0 (each step's
+    entropy z-scored over every step of the batch, ``entropy_aware_advantages``)."""
+    out, ents = [], []
     for tree in trees:
         leaf = leaf_advantages([ep.ret for ep in tree.episodes])
-        adv = attribute(tree.node_ids, leaf, cfg.attribution)
-        if cfg.gamma_h != 0.0:
-            if h_max is None:
-                raise ValueError("gamma_h != 0 needs h_max (log of the number of actions)")
-            h0 = tree.episodes[0].entropies[0] if len(tree.episodes[0]) else 0.0
-            dh = [np.array([entropy_change(h, h0, h_max) for h in ep.entropies])
-                  for ep in tree.episodes]
-            adv = entropy_aware_advantages(adv, dh, cfg.gamma_h)
-        out += adv
+        out += attribute(tree.node_ids, leaf, cfg.attribution)
+        ents += [ep.entropies for ep in tree.episodes]
+    if cfg.gamma_h != 0.0:
+        out = entropy_aware_advantages(out, ents, cfg.gamma_h)
     return out
 
 
@@ -426,7 +492,6 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, evaluate=None, logger=
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     pg_cfg = agent_pg.AgentPGConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, num_epochs=cfg.num_epochs)
-    h_max = math.log(policy.logits.shape[1])
     paid, n_eps = 0, 0
 
     def sample_fn(policy, it: int) -> agent_pg.EpisodeBatch:
@@ -451,7 +516,7 @@ def train(make_env, policy, cfg: ARPOConfig, train_seeds, evaluate=None, logger=
         }, extra={"trees": trees})
 
     def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
-        adv = tree_advantages(batch.extra["trees"], cfg, h_max)
+        adv = tree_advantages(batch.extra["trees"], cfg)
         return agent_pg.update(policy, optimizer, batch.episodes, adv, pg_cfg)
 
     def budget_spent(row: dict) -> bool:

@@ -457,11 +457,20 @@ def verdict(c: Claim, *, failed: str = "does not hold", note: str | None = "alwa
     asserted)' after an unasserted claim) or None (no note); ``reported`` words the unasserted
     case. The keywords keep each notebook's wording ('does **not** hold', '(reported)').
 
+    A claim that carries no power (``no_power``) reads "no power" with the reason, and what the
+    rule gave on this seed.
+
     >>> c = claim("c", "beats", "acc", 0.4, 0.5, ">", kind="paper", asserted=False)
     >>> verdict(c), verdict(c, note="unasserted", reported="reported"), verdict(c, note=None)
     ('does not hold (reported, not asserted)', 'does not hold (reported)', 'does not hold')
+    >>> verdict(claim("c", "beats", "acc", 0.6, 0.5, ">", margin=0.05, kind="paper",
+    ...               power={"mdd": 0.14}), note=None)
+    'no power (the minimal detectable difference 0.14 exceeds the margin 0.05; on this seed: holds)'
     """
     text = "holds" if c.holds else failed
+    why = no_power(c)
+    if why:
+        text = f"no power ({why}; on this seed: {text})"
     if note == "always":
         return f"{text} ({'asserted' if c.asserted else reported})"
     if note == "unasserted":

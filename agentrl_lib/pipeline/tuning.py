@@ -22,7 +22,10 @@ A notebook writes::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -71,3 +74,94 @@ def edge_lr(scores: dict, step: float = 3.0, *, higher_is_better: bool = True) -
     if pick == hi:
         return float(f"{hi * step:.3g}")
     return None
+
+
+def library_hash() -> str:
+    """A short hash of the library's source (every ``agentrl_lib/**/*.py``) as this process
+    imported it (hashed when this module is imported): a tuning pass cached by other library code
+    is not reused."""
+    return _LIBRARY_HASH
+
+
+def _hash_library() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+_LIBRARY_HASH = _hash_library()
+
+
+def shared_tuning(notebook: str, params: dict, compute, *, name: str = "lr",
+                  exclude=("seed", "interactive")) -> dict:
+    """The tuning pass of a notebook, run once per profile and shared by its judged seeds.
+
+    Tuning runs on tuning seeds, never on the judged one, so its result is the same for every
+    judged seed: ``compute()`` (returning a JSON-able dict: the tuning scores and the picks) runs
+    for the first seed and is saved as ``<notebook folder>/tuning/<name>-<key>.json`` beside the
+    seed folders (``paths.current_run_dir``'s parent); the other seeds read it. ``key`` hashes
+    ``params`` without ``exclude`` and ``library_hash()``, so a change of any other parameter or of
+    the library runs it again. A lock file makes a seed running at the same time wait instead of
+    tuning twice. The random states of ``random``, numpy and torch are restored after
+    ``compute()``, so what the notebook draws next does not depend on whether the pass ran here
+    or was read. Returns the dict, with ``"cached": True`` when it was read.
+    """
+    import fcntl
+    import random
+
+    import torch
+
+    from agentrl_lib.pipeline.paths import current_run_dir
+
+    seed = int(params.get("seed", 0))
+    kept = {k: v for k, v in sorted(params.items()) if k not in exclude}
+    key = hashlib.sha1(json.dumps([kept, library_hash()], sort_keys=True, default=str)
+                       .encode()).hexdigest()[:12]
+    folder = current_run_dir(notebook, seed).parent / "tuning"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{key}.json"
+    with open(folder / f"{name}-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.exists():
+            try:
+                return {**json.loads(path.read_text()), "cached": True}
+            except json.JSONDecodeError:
+                print(f"tuning cache {path} is corrupt: tuning again")
+        states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        try:
+            out = json.loads(json.dumps(compute()))  # both paths return the same types
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=1, sort_keys=True))
+        tmp.replace(path)
+    return {**out, "cached": False}
+
+
+def tune_arms(notebook: str, params: dict, arms, lrs, tuning_seeds, score, *,
+              name: str = "lm", higher_is_better: bool = True) -> dict:
+    """Each arm's lr by the one rule, from one shared tuning pass: ``score(arm, lr, tuning_seed)``
+    (the final tuning-panel metric of a run of the judged run's length) for every arm, lr and
+    tuning seed, the same sweep for every arm; ``pick_lr`` per arm; the pass through
+    ``shared_tuning`` (once per profile). A sweep of one lr needs no tuning run. Returns
+    {"scores": {"arm@lr@seed": value}, "picks": {arm: lr}, "cached": bool}.
+    """
+    arms, lrs, tuning_seeds = list(arms), [float(x) for x in lrs], [int(s) for s in tuning_seeds]
+    if len(lrs) == 1:
+        return {"scores": {}, "picks": {a: lrs[0] for a in arms}, "cached": False}
+    if not tuning_seeds:
+        raise ValueError("a sweep of more than one lr needs tuning seeds")
+
+    def compute():
+        scores = {f"{a}@{lr:g}@{s}": float(score(a, lr, s))
+                  for a in arms for lr in lrs for s in tuning_seeds}
+        picks = {a: pick_lr({lr: [scores[f"{a}@{lr:g}@{s}"] for s in tuning_seeds] for lr in lrs},
+                            higher_is_better=higher_is_better) for a in arms}
+        return {"scores": scores, "picks": picks}
+
+    return shared_tuning(notebook, params, compute, name=name)
