@@ -409,3 +409,23 @@ def test_notebook_claims_name_known_kinds_and_papers():
         with catalog.open(newline="") as f:
             ids = {row["id"] for row in csv.DictReader(f)}
         assert {p for _, p in kinds.values() if p} <= ids
+
+
+def test_a_decided_interval_is_evidence_whatever_the_plan():
+    """A claim whose plan cannot detect its margin still gets its verdict when the seeds' interval
+    (never narrower than the plan's panel noise) lies wholly beyond or short of the bar; a claim
+    whose positive control did not move stays 'no power' whatever its numbers."""
+    plan = power_plan(1024, 3, p=0.5)  # mdd 0.068 > the 0.05 margin below
+    learned, flat = positive_control(0.3, 0.45, 1024), positive_control(0.3, 0.31, 1024)
+    outcomes = [(0.19, 0.44), (0.15, 0.43), (0.15, 0.44)]  # 0.25 below: far beyond the noise
+
+    def seed_claims(s):
+        o, b = outcomes[s]
+        close = (0.42 + 0.02 * (s - 1) ** 2, 0.44)  # straddles the bar
+        kw = dict(margin=-0.05, kind="paper", power=plan)
+        return [claim("decided", "non-inferior", "acc", o, b, ">", positive_control=learned, **kw),
+                claim("close", "non-inferior", "acc", *close, ">", positive_control=learned, **kw),
+                claim("flat", "non-inferior", "acc", o, b, ">", positive_control=flat, **kw)]
+    rows = report.summarise([result(s, seed_claims(s)) for s in (0, 1, 2)])
+    got = {r["claim"]: r["verdict"] for r in rows}
+    assert got == {"decided": "does not hold", "close": "no power", "flat": "no power"}, got

@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -154,6 +155,38 @@ def _confidence(claims: list[dict]) -> dict:
             "confident": f"{'yes' if v['confident'] else 'no'} (n={v['n']})"}
 
 
+def _decided(claims: list[dict]) -> bool:
+    """Whether the seeds' 95% t-interval of the mean of ours - baseline lies wholly on one side of
+    the claim's bar: beyond it (the claim holds with confidence) or short of it (it fails with
+    confidence). The interval's spread is the seeds' own, but never below the panel noise of the
+    claim's power plan (sqrt(2) x its per-seed SE for a paired difference), so identical seeds of a
+    tiny panel decide nothing. A claim whose planned minimal detectable difference exceeds its
+    margin is "no power" only while this interval straddles the bar: an effect far beyond the
+    panel's noise is evidence whatever the plan expected. Needs 2 seeds or more.
+
+    >>> c = lambda o, b: {"ours": o, "baseline": b, "direction": ">", "margin": -0.05,
+    ...                   "power": {"se": 0.0156}}
+    >>> _decided([c(0.19, 0.44), c(0.15, 0.43), c(0.15, 0.44)])  # far below the bar
+    True
+    >>> _decided([c(0.40, 0.44), c(0.46, 0.43), c(0.41, 0.44)])  # straddles -0.05
+    False
+    """
+    from scipy.stats import t
+
+    ours = [c.get("ours") for c in claims]
+    base = [c.get("baseline") for c in claims]
+    direction = claims[0].get("direction", ">") if claims else ">"
+    if len(claims) < 2 or any(v is None for v in ours + base) or direction not in (">", "<"):
+        return False
+    d = np.asarray(ours, dtype=float) - np.asarray(base, dtype=float)
+    n = len(d)
+    floor = math.sqrt(2) * float((claims[0].get("power") or {}).get("se", 0.0))
+    half = float(t.ppf(0.975, n - 1)) * max(float(d.std(ddof=1)), floor) / math.sqrt(n)
+    margin = claims[0].get("margin", 0.0) or 0.0
+    bar = margin if direction == ">" else -margin
+    return bool(d.mean() - half > bar or d.mean() + half < bar)
+
+
 def summarise(results: list[dict]) -> list[dict]:
     """One row per (notebook, profile, grid point, claim) with the numbers across seeds."""
     from agentrl_lib.pipeline.results import _rule, no_power
@@ -177,6 +210,8 @@ def summarise(results: list[dict]) -> list[dict]:
         judged = [c for c in claims if not c.get("post_hoc")]
         verdict, why = _seed_verdict(judged)
         powerless = next((w for w in map(no_power, judged) if w), "")
+        if powerless and not powerless.startswith("its positive control") and _decided(judged):
+            powerless = ""  # the seeds' interval already decides it, whatever the plan said
         if seen and not judged:
             verdict, why = NO_UNSEEN, "its verdict must come from seeds never looked at"
         elif powerless:
