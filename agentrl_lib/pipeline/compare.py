@@ -14,22 +14,24 @@ import re
 from pathlib import Path
 
 TIMING_WORDS = ("wall", "time", "seconds", "timing", "overhead", "ms")
-"""words of a metric name (split at '/', '_', '-', '@') that mark a wall-clock measurement"""
+"""words of a metric name (split at '/', '_', '-', '@', '.', ' ') that mark a wall-clock measurement"""
 
 
 def is_timing(key: str) -> bool:
-    """A wall-clock measurement, left out of the comparison: a path segment ending in '_s' (a
-    duration in seconds) or holding one of ``TIMING_WORDS`` as a whole word. ``final_success`` or
-    ``zero_variance_share`` are not timings (a substring rule once took them for '_s').
+    """A wall-clock measurement, left out of the comparison: a path segment ending in '_s' or ' s'
+    (a duration in seconds; a table column 'wall s') or holding one of ``TIMING_WORDS`` as a whole
+    word. ``final_success`` or ``zero_variance_share`` are not timings (a substring rule once took
+    them for '_s').
 
     >>> [is_timing(k) for k in ("metrics/wall_s", "metrics/lm/timing/adv_grpo_s",
     ...                         "metrics/time/step_s", "metrics/final_success",
     ...                         "metrics/zero_variance_share", "claims/c/statement",
-    ...                         "metrics/timesteps", "metrics/ms_per_token")]
-    [True, True, True, False, False, False, False, True]
+    ...                         "metrics/timesteps", "metrics/ms_per_token", "metrics/t/1/wall s")]
+    [True, True, True, False, False, False, False, True, True]
     """
     for seg in key.lower().split("/"):
-        if seg.endswith("_s") or any(w in TIMING_WORDS for w in re.split(r"[_\-@.]+", seg)):
+        words = re.split(r"[_\-@. ]+", seg)
+        if re.search(r"[_ ]s$", seg) or any(w in TIMING_WORDS for w in words):
             return True
     return False
 
