@@ -155,3 +155,17 @@ def test_sweep_says_what_it_will_cost(tmp_path, monkeypatch, capsys):
     assert est["known_s"] == 120.0 and est["eta_s"] == 60.0 and est["unknown"] == []
     assert cli.main(["reproduce", "00", "--seeds", "0-2", "--jobs", "2", "--dry-run"]) == 0
     assert "3 runs to make: about 1 min at 2 at a time" in capsys.readouterr().out
+
+
+def test_schedule_runs_first_seeds_first_longest_first(tmp_path):
+    """Every notebook's first seed goes before any second seed (the first computes the shared
+    tuning pass the others wait for), the longest committed runs first within a round, and a
+    notebook with no record counts as longest."""
+    for nb, wall in (("a", "10 ± 1"), ("b", "300 ± 5")):
+        (tmp_path / nb).mkdir()
+        (tmp_path / nb / "cpu_summary.csv").write_text(f"claim,wall_s\nx,{wall}\n")
+    pts = [sweep.Point(nb, "", "cpu", s) for nb in ("a", "b", "c") for s in (0, 1, 2)]
+    order = [(p.notebook, p.seed) for p in sweep.schedule(pts, tmp_path)]
+    assert order == [("c", 0), ("b", 0), ("a", 0), ("c", 1), ("b", 1), ("a", 1),
+                     ("c", 2), ("b", 2), ("a", 2)]
+    assert sorted(order) == sorted((p.notebook, p.seed) for p in pts)  # nothing lost or doubled

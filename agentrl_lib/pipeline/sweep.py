@@ -188,6 +188,32 @@ def estimate_line(est: dict, jobs: int) -> str:
     return text + ")"
 
 
+def schedule(points: list[Point], repro_root: Path | str) -> list[Point]:
+    """The order a sweep submits its points in: every run's first seed before any second seed
+    (the first seed of a notebook computes its shared tuning pass, ``tuning.shared_tuning``, and a
+    later seed started beside it would wait on the pass's lock with a core idle), and within each
+    such round the longest runs first, by committed wall time (no record counts as longest), so
+    the last runs to finish are short ones. The sort is stable otherwise.
+
+    >>> pts = [Point(nb, "", "cpu", s) for nb in ("a", "b") for s in (0, 1)]
+    >>> [p.label for p in schedule(pts, "/nonexistent")]
+    ['a [cpu, seed 0]', 'b [cpu, seed 0]', 'a [cpu, seed 1]', 'b [cpu, seed 1]']
+    """
+    rank, seen = [], {}
+    for p in points:
+        key = (p.notebook, p.profile, point_tag(p.overrides))
+        rank.append(seen.get(key, 0))
+        seen[key] = rank[-1] + 1
+    walls = {k: committed_wall_s(repro_root, *k) for k in {(p.notebook, p.profile) for p in points}}
+
+    def longest_first(i: int) -> float:
+        w = walls[points[i].notebook, points[i].profile]
+        return -(float("inf") if w is None else w)
+
+    order = sorted(range(len(points)), key=lambda i: (rank[i], longest_first(i)))
+    return [points[i] for i in order]
+
+
 def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
               address: str | None = None, cell_timeout: int | None = 3600,
               gpus_per_run: float = 0.0, echo=print, rerun: bool = False) -> dict:
@@ -196,6 +222,8 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
     complete points too (completeness looks at parameters, not at the notebook's code)."""
     todo = [p for p in points if rerun or not is_complete(p)]
     skipped = [p for p in points if p not in todo]
+    if todo:
+        todo = schedule(todo, repo_root(Path(todo[0].path).parent) / "reproductions")
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
     echo(f"sweep: {len(points)} points, {len(skipped)} already complete, {len(todo)} to run "
          f"({backend}, {jobs} at a time)")
