@@ -286,3 +286,70 @@ def test_states_answer_flag_in_the_environment():
         obs, _, _, info = env.step(f"open(d{doc})")
         assert info["fact_true"] and info["states_answer"] is expected
         assert (env.task["answer"].lower() in obs.lower()) is expected
+
+
+def test_soft_mask_keeps_the_document_and_asks_for_a_search():
+    """mask='soft' (the paper's): a useless verdict drops the hop from the belief but keeps the
+    document listed, tagged; an open or an answer before the next search is malformed."""
+    env = KGJudgeEnv(judge=True, mask="soft", **KW)
+    first_seed(env, lambda e: e.task["hops"] == 1 and e.task["grounded"])
+    e0, e1 = env.task["chain"]
+    name = env.graph.names[e0]
+    note = env.corpus.titles.index(f"Notes on {name}")
+    own = int(env.corpus.entity_doc[e0])
+    obs, r, done, info = env.step(f"search({name})")
+    assert any(i == note for i, _ in env.last_results)  # the ranking lists the distractor
+    env.step(f"open(d{note})")
+    listed = list(env.last_results)
+    obs, r, done, info = env.step("judge(useless)")
+    assert info["valid"] and info["rejected_doc"] == note and env.believed == [e0] and r == 0.0
+    assert env.last_results == listed and "search again" in obs  # nothing removed
+    for call in (f"open(d{own})", f"answer({env.graph.names[e1]})"):
+        turn, invalid = env.turn, env.num_invalid
+        obs, r, done, info = env.step(call)  # the rule: search first
+        assert not info["valid"] and r == -env.invalid_penalty and obs.startswith("Error")
+        assert env.turn == turn + 1 and env.num_invalid == invalid + 1 and env.believed == [e0]
+    obs, r, done, info = env.step(f"search({name})")
+    assert info["valid"] and f"[d{note}] Notes on {name} (judged useless)" in obs
+    assert f"[d{own}] {name} |" in obs + " |"  # the own document untagged
+    obs, r, done, info = env.step(f"open(d{own})")
+    assert info["valid"] and info["advanced"] and env.believed == [e0, e1]
+    obs, r, done, info = env.step(f"answer({env.graph.names[e1]})")
+    assert done and r == 1.0
+    # the hard mask (the default) on the same calls: the document is gone, no rule
+    hard = KGJudgeEnv(judge=True, **KW)
+    hard.reset(env.task["seed"])
+    hard.step(f"search({name})")
+    hard.step(f"open(d{note})")
+    hard.step("judge(useless)")
+    assert all(i != note for i, _ in hard.last_results)
+    assert hard.step(f"open(d{own})")[3]["valid"]
+
+
+def test_soft_mask_menu_key_and_expert():
+    menu = KGJudgeMenuEnv(judge=True, mask="soft", decoy_first=1.0, **KW)
+    seed = first_seed(menu.env, lambda e: e.task["hops"] == 2 and e.task["grounded"])
+    menu.reset(seed)
+    assert len(menu.state_key()) == 6 and menu.state_key()[4:] == (False, False)
+    for name in ["search_next", "open_top", "judge_useless"]:
+        menu.step(name)
+    assert menu.state_key()[4:] == (True, True)  # the tag on top, a search due
+    assert menu.expert_actions() == ["search_next"]
+    assert not menu.step("open_second")[3]["valid"]  # the rule holds on the menu too
+    menu.step("search_next")
+    assert menu.state_key()[4:] == (True, False)  # the same ranking: the tagged decoy on top
+    assert menu.expert_actions() == ["open_second"]
+    hard = KGJudgeMenuEnv(judge=True, decoy_first=1.0, **KW)
+    hard.reset(seed)
+    assert len(hard.state_key()) == 4  # the hard mask's key is unchanged
+    # the expert with the soft mask solves a grounded question
+    eps = play_episodes(lambda: KGJudgeMenuEnv(judge=True, mask="soft", decoy_first=1.0,
+                                               **dict(KW, max_turns=20)),
+                        lambda envs, obs: [e.actions.index(e.expert_actions()[0]) for e in envs],
+                        [seed], 1)
+    assert eps[0].success and all(i["valid"] for i in eps[0].infos)
+
+
+def test_bad_mask():
+    with pytest.raises(ValueError, match="mask"):
+        KGJudgeEnv(mask="gentle", **KW)

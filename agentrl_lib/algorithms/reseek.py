@@ -165,8 +165,9 @@ def reseek_advantages(episodes, turn_rewards, mode: str = "episode", norm_adv: b
 def path_faithfulness(episode, kept_only: bool = True) -> float:
     """Share of the documents on the episode's evidence path that are gold evidence: its valid
     opens, without those a ``judge(useless)`` set aside when ``kept_only`` (the path the answer
-    rests on: ReSeek's context C_t drops a rejected observation; a verdict removes the open it
-    judged, not an earlier open of the same document). 0.0 for an episode with no document on
+    rests on: under either mask of ``KGJudgeEnv`` a "useless" verdict takes the judged open off
+    it, the paper's soft mask by tagging it, the hard one by dropping it; a verdict removes the
+    open it judged, not an earlier open of the same document). 0.0 for an episode with no document on
     its path. ``kept_only=False`` is the retrieval precision of every open."""
     docs = []
     for info in episode.infos:

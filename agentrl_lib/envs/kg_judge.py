@@ -4,9 +4,13 @@ and the path-faithfulness metric are computed from (``algorithms/reseek.py``).
 
 ReSeek (Li et al. 2025, "ReSeek: A Self-Correcting Framework for Search Agents with Instructive
 Rewards", arXiv:2510.00568) gives the agent a JUDGE action: after a retrieval it states whether the
-information is useful; an unfavourable verdict drops the observation from the context the next
-action is conditioned on, C_t = tau_{t-1} (+) 1[j_t = good] o_t, so the agent re-plans instead of
-building on a bad document. Here:
+information is useful, so that it re-plans instead of building on a bad document. In the paper the
+verdict is appended to the context, C_t = tau_{t-1} (+) a_t (+) o_t (+) j_t: a "No" does not
+delete the observation but *softly masks* it (it stays in the context, tagged, so the agent sees
+what it has already tried), and the prompt's rule "if judge=No, you must search again and cannot
+answer directly" forces a new search (paper, via the note in ``reproductions/fidelity/
+51_reseek.md``; the released code, TencentBAC/ReSeek ``search/llm_agent/generation.py``
+``run_llm_loop``, parses only search and answer and keeps every turn in the context). Here:
 
 **The reader** (``believed``, as in ``KGSearchEnv.read``, made credulous). The agent's belief is
 the chain of entities it has resolved from what it read: [e_0] at reset; opening a document about
@@ -21,11 +25,20 @@ the graph's e_k): a belief off the true chain ends wrong.
 
 **The JUDGE tool** (``judge=True``): ``judge(useful)`` / ``judge(useless)`` is the verdict on the
 last opened document, once per opened document (judging twice, or before any open, is a malformed
-call). ``useless`` re-plans: the document's hop is dropped from the belief, the document is
-removed from the last results and from every later search (the re-plan does not read it again);
-``useful`` keeps it. The verdict's ground truth (the paper's j-hat, from gold evidence here instead
-of a reranker: inferred) is "useful" exactly when that open advanced the belief along the true
-chain (a gold document, stating a true fact, for the hop that was needed).
+call). ``useful`` keeps it. ``useless`` re-plans: the document's hop is dropped from the belief
+(the verdict masks what was read), and then, by ``mask``:
+- ``'soft'`` (the paper's): the document stays in the world: the last results keep it and later
+  searches list it again, tagged "(judged useless)" in the observation (and in the menu's state
+  key); the next call must be a search (an open or an answer before it is a malformed call: the
+  paper's prompt rule, enforced here since a table cannot read a prompt);
+- ``'hard'`` (the default, ours before issue 27; the environment the shipped bases and their
+  positive controls were built on): the document is removed from the last results and from every
+  later search (the re-plan never lists it again), and any call may follow.
+The belief's drop is inferred for both: the paper leaves it to the policy to discount a masked
+observation, which this environment's reader cannot. The verdict's ground truth (the paper's
+j-hat, from gold evidence here instead of a reranker: inferred) is "useful" exactly when that
+open advanced the belief along the true chain (a gold document, stating a true fact, for the hop
+that was needed).
 
 **The hard retriever** (``decoy_first``): with this probability (drawn once per (question, entity),
 so a repeated search ranks the same way) a search whose results list an entity's own document and
@@ -40,7 +53,8 @@ fact is aligned), ``advanced`` (the open extended the belief's correct prefix), 
 (the verdict or None), ``judge_truth`` (the verdict's ground truth or None), ``belief``
 (``believed``, entity ids), ``opened_kind`` ('entity', 'note', 'other' or None), ``doc`` (the
 id an open opened), ``states_answer`` (the open's observation contains the answer's name: the
-ground truth of ReSeek's released reward, ``reseek.released_rewards``) and, on a JUDGE turn, ``rejected_doc`` (the id a useless verdict set aside,
+ground truth of ReSeek's released reward, ``reseek.released_rewards``) and, on a JUDGE turn,
+``rejected_doc`` (the id a useless verdict set aside from the evidence path, under either mask,
 else None).
 
 ``KGJudgeMenuEnv`` plays the same environment through a finite menu (the tabular rung):
@@ -48,7 +62,9 @@ else None).
 wasted call), ``open_top`` / ``open_second`` (the first / second result of the last search),
 ``answer`` (the believed entity), and with ``judge=True`` ``judge_useful`` / ``judge_useless``.
 State key: (hops, hops believed, the last search lists the believed entity's own document, the
-kind of the last opened document while it is unjudged). The calls are ``KGSearchEnv.menu_calls``
+kind of the last opened document while it is unjudged), and with ``mask='soft'`` two more
+entries: the first result of the last search is a document judged useless (its tag), and a search
+is due (the rule after a "useless"). The calls are ``KGSearchEnv.menu_calls``
 (those of ``KGMenuEnv``) plus the two verdicts; the key differs from ``KGMenuEnv``'s (whose third
 entry is "the first result is the believed entity's document", which would tell a table where
 the decoy is before it opens anything: the hard retriever's point).
@@ -64,6 +80,7 @@ from agentrl_lib.envs import protocol
 from agentrl_lib.envs.kg_search import RELATIONS, KGSearchEnv
 
 JUDGE_VERDICTS = ("useful", "useless")
+MASKS = ("hard", "soft")
 _NAME = re.compile(r"[A-Z][a-z]+")
 
 
@@ -114,7 +131,9 @@ class KGJudgeEnv(KGSearchEnv):
     twice, or before any open, is a malformed call).
 
     ## Observations
-    ``KGSearchEnv``'s; a verdict answers "Noted: d12 kept." or "Noted: d12 set aside."
+    ``KGSearchEnv``'s; a verdict answers "Noted: d12 kept." or "Noted: d12 set aside." (hard) /
+    "Noted: d12 judged useless; search again." (soft), and with the soft mask a search lists a
+    document judged useless as "[d12] Notes on X (judged useless)".
 
     ## Rewards
     ``KGSearchEnv``'s; a verdict pays 0 (an invalid one ``-invalid_penalty``).
@@ -128,23 +147,28 @@ class KGJudgeEnv(KGSearchEnv):
     ``judge_truth``, ``belief``, ``opened_kind``, ``doc``, ``rejected_doc`` (module docstring).
 
     ## Arguments
-    judge: offer the JUDGE tool. decoy_first: the hard retriever's probability. The rest are
-    ``KGSearchEnv``'s.
+    judge: offer the JUDGE tool. decoy_first: the hard retriever's probability. mask: what a
+    "useless" verdict does, 'hard' or 'soft' (module docstring). The rest are ``KGSearchEnv``'s.
 
     ## Exact form
     None; ``expert_actions`` is the scripted searcher with JUDGE (verdicts by the ground truth).
     """
 
-    def __init__(self, judge: bool = True, decoy_first: float = 0.0, **kg_kwargs):
+    def __init__(self, judge: bool = True, decoy_first: float = 0.0, mask: str = "hard",
+                 **kg_kwargs):
         if not 0.0 <= decoy_first <= 1.0:
             raise ValueError(f"decoy_first must be in [0, 1], got {decoy_first}")
+        if mask not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
         super().__init__(**kg_kwargs)
-        self.judge_tool, self.decoy_first = bool(judge), float(decoy_first)
+        self.judge_tool, self.decoy_first, self.mask = bool(judge), float(decoy_first), mask
         if self.judge_tool:
             self.tools = ("search", "open", "judge", "answer")
             self.system_prompt = ("Answer the question. Call one tool per turn: search(words), "
                                   "open(doc id), judge(useful) or judge(useless) on the document "
                                   "you opened, or answer(name).")
+            if mask == "soft":
+                self.system_prompt += " After judge(useless), search again before anything else."
         self.base_index = self.index
         self.index = _RankedIndex(self)
         self.entity_of_title = {n: i for i, n in enumerate(self.graph.names)}
@@ -153,6 +177,8 @@ class KGJudgeEnv(KGSearchEnv):
     # --- the reader ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> str:
         self.rejected = set()
+        self.judged_useless: set = set()  # soft mask: documents tagged by a "useless" verdict
+        self.must_search = False  # soft mask: a "useless" verdict asks for a search next
         obs = super().reset(seed)  # believed = [e_0]
         self.pending = None  # (doc id, belief before the open, advanced) of the unjudged last open
         self.last_kind = None
@@ -200,6 +226,8 @@ class KGJudgeEnv(KGSearchEnv):
         tool, arg, error = self.parse(action_text)
         if not self.done and error is None and tool == "judge":
             return self._judge(arg)
+        if not self.done and error is None and self.must_search and tool != "search":
+            return self._refuse(f"after judge(useless), search again before {tool}")
         before = list(self.believed)
         opened_before = len(self.opened)
         obs, reward, done, info = super().step(action_text)
@@ -208,6 +236,11 @@ class KGJudgeEnv(KGSearchEnv):
         gold = set(self.task["gold_docs"])
         if info["valid"] and info["tool"] == "search":
             flags["gold_retrieved"] = any(i in gold for i, _ in self.last_results)
+            self.must_search = False
+            if self.judged_useless:  # the soft mask's tag: what was judged useless stays visible
+                obs = "Results: " + " | ".join(
+                    f"[d{i}] {t}" + (" (judged useless)" if i in self.judged_useless else "")
+                    for i, t in self.last_results)
         elif info["valid"] and info["tool"] == "open" and len(self.opened) > opened_before:
             doc_id = self.opened[-1]
             kind, tail = self.last_read
@@ -241,7 +274,13 @@ class KGJudgeEnv(KGSearchEnv):
         else:
             doc_id, before, advanced = self.pending
             truth = "useful" if advanced else "useless"
-            if verdict == "useless":  # re-plan: forget the document's hop, never list it again
+            if verdict == "useless" and self.mask == "soft":  # masked: kept, tagged, search next
+                self.believed = before
+                self.judged_useless.add(doc_id)
+                self.must_search = True
+                rejected = doc_id
+                obs = f"Noted: d{doc_id} judged useless; search again."
+            elif verdict == "useless":  # hard: forget the document's hop, never list it again
                 self.believed = before
                 self.rejected.add(doc_id)
                 self.last_results = [(i, t) for i, t in self.last_results if i != doc_id]
@@ -258,11 +297,24 @@ class KGJudgeEnv(KGSearchEnv):
                     opened_kind=None, belief=list(self.believed), rejected_doc=rejected)
         return obs, reward, done, info
 
+    def _refuse(self, error: str):
+        """A well-formed call the soft mask's rule forbids: malformed (the turn is used)."""
+        self.turn += 1
+        self.num_invalid += 1
+        done = self.done = self.turn >= self.max_turns
+        info = self._info(False, error, None, False, done)
+        info.update(gold_retrieved=False, fact_true=False, advanced=False, states_answer=False,
+                    judge=None, judge_truth=None, opened_kind=None, belief=list(self.believed))
+        return f"Error: {error}.", -self.invalid_penalty, done, info
+
     def expert_actions(self) -> list[str]:
         """The scripted searcher with JUDGE: judge the unjudged last open by its ground truth,
-        re-search after a rejection, else ``KGSearchEnv``'s searcher along the belief."""
+        search the believed entity after a soft-masked rejection, else ``KGSearchEnv``'s
+        searcher along the belief."""
         if self.judge_tool and self.pending is not None:
             return [f"judge({'useful' if self.pending[2] else 'useless'})"]
+        if self.must_search:
+            return [f"search({self.graph.names[self.believed[-1]]})"]
         return super().expert_actions()
 
 
@@ -290,7 +342,8 @@ class KGJudgeMenuEnv:
     ## Info
     The inner step's, with ``state_key`` and ``call`` (the text sent; None off the menu). State key:
     (hops, hops believed, the last search lists the believed entity's own document, the kind of the
-    last opened document while it is unjudged).
+    last opened document while it is unjudged), and with ``mask='soft'`` (the first result is a
+    document judged useless, a search is due).
 
     ## Arguments
     judge, and ``KGJudgeEnv``'s keyword arguments.
@@ -322,7 +375,11 @@ class KGJudgeMenuEnv:
         b_doc = int(env.corpus.entity_doc[env.believed[-1]])
         listed = any(i == b_doc for i, _ in env.last_results)
         kind = env.last_kind if env.pending is not None else None
-        return (env.task["hops"], len(env.believed) - 1, listed, kind)
+        key = (env.task["hops"], len(env.believed) - 1, listed, kind)
+        if env.mask == "soft":  # what the soft mask leaves in view: the tag and the rule
+            top = env.last_results[0][0] if env.last_results else None
+            key += (top in env.judged_useless, env.must_search)
+        return key
 
     def menu_calls(self) -> dict:
         """{menu name: the tool call it makes now}: ``KGSearchEnv.menu_calls`` plus the verdicts."""
@@ -350,6 +407,8 @@ class KGJudgeMenuEnv:
         env = self.env
         if env.judge_tool and env.pending is not None:
             return ["judge_useful" if env.pending[2] else "judge_useless"]
+        if env.must_search:
+            return ["search_next"]
         if len(env.believed) - 1 >= env.task["hops"]:
             return ["answer"]
         b_doc = int(env.corpus.entity_doc[env.believed[-1]])
