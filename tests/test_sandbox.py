@@ -448,6 +448,10 @@ def test_each_layer_alone_contains_the_attacks(mode, removed, monkeypatch, victi
             "pid = os.fork()\n    if pid == 0:\n        os.setsid(); import time; time.sleep(30)",
             "import ctypes; assert ctypes.CDLL(None).unlink(inputs['p'].encode()) == 0",
             "sys.modules['__main__']._hook.__code__ = (lambda e, a: None).__code__",
+            "import _posixsubprocess; r, w = os.pipe(); _posixsubprocess.fork_exec([b'/bin/sh', "
+            "b'-c', b'rm ' + inputs['p'].encode()], [b'/bin/sh'], True, (), None, None, -1, -1, "
+            "-1, -1, -1, -1, r, w, False, False, -1, None, None, None, -1, None, False); "
+            "import time; time.sleep(0.5)",
         ), {"p": str(victim), "port": listener.getsockname()[1], "caller": os.getpid(),
             "group": os.getpgid(0)}, isolation=mode)
     assert r.ok, r
