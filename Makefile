@@ -8,6 +8,7 @@
 #                 the browser tests
 #   make durations   make test, and record each file's seconds in tests/durations.json (commit it:
 #                 the longest-first order comes from there; files it lacks count as a median one)
+# Each installs bubblewrap for the sandbox first where it can (root with apt-get; target bwrap).
 # Both install into .venv from requirements/lock.txt first (torch 2.13.0 before anything that needs it,
 # so pip takes the CPU wheel instead of the CUDA build), and skip that step when nothing changed.
 
@@ -23,9 +24,9 @@ NOTEBOOKS ?= all
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser test durations report lab clean-runs
+.PHONY: setup browser bwrap test durations report lab clean-runs
 
-setup: $(STAMP)
+setup: $(STAMP) bwrap
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,17 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      chromium chromium-driver >/dev/null; \
 	  else echo "no chromium here (not root or no apt-get): the browser tests will skip"; fi; }
+
+# the sandbox (agentrl_lib/envs/sandbox.py) runs model-written code under Debian's bubblewrap:
+# installed here when missing and this is root with apt-get (CI); elsewhere its tests skip and say
+# why, and untrusted code is refused
+bwrap:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing bubblewrap for the sandbox"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      bubblewrap >/dev/null; \
+	  else echo "no bwrap here (not root or no apt-get): the sandbox refuses untrusted code"; fi; }
 
 test: setup browser
 	$(VENV)/bin/agentrl cache --shipped --quiet

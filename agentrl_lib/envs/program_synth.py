@@ -15,8 +15,9 @@ buggy variants (one token replaced, inserted or deleted), each with its pass rat
 data set of mixed quality, like programs scraped from people.
 
 **Judging** (``evaluate``): ``sandbox=True`` runs the interpreter and the program in a sandboxed
-process (cpu_s, memory_mb), all tests in one process; ``sandbox=False`` runs them here with the
-interpreter's step and stack limits (for trusted programs, ~1000x faster). Either way the result
+process (cpu_s, memory_mb; bubblewrap, or the weaker hook mode where it is missing: the
+interpreter is ours and the program is data to it), all tests in one process; ``sandbox=False``
+runs them here with the interpreter's step and stack limits (for trusted programs, ~1000x faster). Either way the result
 is (passed tests, total, reason) with reason 'ok', a stack error, or the sandbox's reason.
 """
 
@@ -175,4 +176,7 @@ def program_reward(completions, tests, sandbox: bool = True, **kwargs) -> list[f
 
 
 def _sandbox_run(code, inputs, cpu_s, memory_mb):
-    return sandbox.run_python(code, inputs, cpu_s=cpu_s, memory_mb=memory_mb)
+    # the code is this project's interpreter; the model's program is data to it, so it may run
+    # in the sandbox's weaker mode where bubblewrap is missing (sandbox's module docstring)
+    return sandbox.run_python(code, inputs, cpu_s=cpu_s, memory_mb=memory_mb,
+                              isolation="bwrap_or_hook")
