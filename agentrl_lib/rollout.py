@@ -84,11 +84,14 @@ def _framed(tokenizer, kind: str, system_prompt, render, content: str) -> str:
 
 
 def format_prompts(tokenizer, problems: list[dict]) -> list[str]:
-    """Each problem's ``prompt`` as a one-message chat, ready for the assistant's answer."""
+    """Each problem's ``prompt`` as a one-message chat, ready for the assistant's answer; a problem
+    with a non-empty ``system_prompt`` is rendered as an agent base's first prompt
+    (``prompt_text``: that system message, then the prompt as the first observation)."""
     def render(x):
         return tokenizer.apply_chat_template([{"role": "user", "content": x}],
                                              add_generation_prompt=True, tokenize=False)
-    return [_framed(tokenizer, "prompt", None, render, p["prompt"]) for p in problems]
+    return [prompt_text(tokenizer, p["prompt"], p["system_prompt"]) if p.get("system_prompt")
+            else _framed(tokenizer, "prompt", None, render, p["prompt"]) for p in problems]
 
 
 def prompt_text(tokenizer, observation: str, system_prompt: str | None = None) -> str:
