@@ -438,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentrl: error: {_os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        import psutil
+
+        from agentrl_lib.pipeline.sweep import stop_process_trees
+
+        # what this command started (a run's kernel, a sweep's workers and their kernels) stops
+        stop_process_trees([p.pid for p in psutil.Process().children()])
         print("agentrl: interrupted; finished runs are kept under runs/", file=sys.stderr)
         return 130
     finally:

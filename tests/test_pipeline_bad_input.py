@@ -285,15 +285,15 @@ def test_checksummed_cache_reports_and_repairs_a_corrupt_base(tmp_path, monkeypa
         with pytest.raises(loading.CorruptCheckpoint, match="model.safetensors"):
             loading.load_policy(str(path))
         assert cli.main(["cache", name, "--quiet"]) == 0
-        err = capsys.readouterr().err
-        assert "model.safetensors" in err and "checksum differs" in err
+        out = capsys.readouterr().out
+        assert "model.safetensors" in out and "checksum differs" in out
         assert weights.read_bytes() == good  # reinstalled from the shipped copy
 
     # a cache entry written before checksums were kept: compared with the shipped copy
     (path / loading.CHECKSUMS).unlink()
     weights.write_bytes(good[:100])
     assert cli.main(["cache", name, "--quiet"]) == 0
-    assert "differs from its shipped copy in model.safetensors" in capsys.readouterr().err
+    assert "differs from its shipped copy in model.safetensors" in capsys.readouterr().out
     assert weights.read_bytes() == good and loading.checksum_problems(path) == []
 
     # a read-only cache: one line
@@ -353,17 +353,20 @@ echo "cache $?"
     assert (tmp_path / "summary_after").read_text() == "earlier\n"  # never a 0-byte summary
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_killing_reproduce_stops_its_workers_and_kernels(tmp_path, sig):
+@pytest.mark.parametrize("command, sig", [("reproduce", signal.SIGTERM),
+                                          ("reproduce", signal.SIGINT), ("run", signal.SIGTERM)])
+def test_killing_reproduce_stops_its_workers_and_kernels(tmp_path, command, sig):
     import psutil
 
     root = make_repo(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = {"reproduce": ["--seeds", "0-1", "--jobs", "2"], "run": ["--quiet"]}[command]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl_lib.cli", "reproduce", "00", "--profile", "ci",
-         "--seeds", "0-1", "--jobs", "2", "-p", "sleep_s", "120", "--runs", str(root / "runs")],
+        [sys.executable, "-m", "agentrl_lib.cli", command, "00", "--profile", "ci", *args,
+         "-p", "sleep_s", "120", "--runs", str(root / "runs")],
         cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
+    want = 2 if command == "reproduce" else 1
     try:
         me = psutil.Process(proc.pid)
         deadline = time.time() + 240
@@ -371,10 +374,10 @@ def test_killing_reproduce_stops_its_workers_and_kernels(tmp_path, sig):
         while time.time() < deadline:  # until both kernels run the sleeping cell
             kids = me.children(recursive=True)
             kernels = [k for k in kids if "ipykernel" in " ".join(_cmdline(k))]
-            if len(kernels) >= 2:
+            if len(kernels) >= want:
                 break
             time.sleep(1)
-        assert len(kernels) >= 2, "the kernels never started"
+        assert len(kernels) >= want, "the kernels never started"
         time.sleep(3)
         kids = me.children(recursive=True)
         proc.send_signal(sig)
@@ -436,3 +439,41 @@ def test_report_last_lines_count_runs_and_claims(tmp_path, monkeypatch, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-2:]
     assert last[0] == "runs: 4 (3 with results, 1 failed, 0 with an invalid results.json)"
     assert last[1].startswith("claims: 3: 1 held, 2 failed") and "0 had no power" in last[1]
+
+
+@pytest.mark.skipif(not shutil.which("make"), reason="needs make")
+@pytest.mark.parametrize("reproduce_rc, report_rc, want", [(0, 0, 0), (1, 0, 1), (0, 2, 1),
+                                                           (2, 0, 1)])
+def test_make_report_exit_code(tmp_path, reproduce_rc, report_rc, want):
+    """`make report` exits 0 only when every run completed and the report was written (the
+    Makefile's recipe, with a stand-in agentrl that exits as told)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "agentrl"
+    fake.write_text(f"#!/bin/sh\necho \"$1\" >> {tmp_path}/calls\n"
+                    f"[ \"$1\" = reproduce ] && exit {reproduce_rc}\nexit {report_rc}\n")
+    fake.chmod(0o755)
+    (venv / ".installed").touch()  # newer than the lock file: no install
+    os.utime(venv / ".installed", (time.time() + 60, time.time() + 60))
+    out = subprocess.run(["make", "-s", "-C", str(REPO), "report", f"VENV={venv}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == (2 if want else 0), out.stderr  # make's own code for a failed recipe
+    assert (tmp_path / "calls").read_text().split() == ["reproduce", "report"]
+    if want:
+        assert "Error 1" in out.stderr
+
+
+def test_compare_names_a_bad_results_file_and_skips_kept_aside_runs(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        (root / "ci/00_toy/seed0").mkdir(parents=True)
+        (root / "ci/00_toy/seed0/results.json").write_text(json.dumps(valid_results()))
+    (a / "ci/00_toy/.seed1.failed").mkdir()  # a failed re-run kept aside: not compared
+    (a / "ci/00_toy/.seed1.failed/results.json").write_text(json.dumps(valid_results()))
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    (b / "ci/00_toy/seed0/results.json").write_text('{"claims": [')
+    capsys.readouterr()
+    assert cli.main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    _one_line_no_traceback(err)
+    assert "b/ci/00_toy/seed0/results.json: not readable JSON" in err

@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -581,7 +580,7 @@ def _recorded(folder: Path) -> dict | None:
 def _record_checksums(path: Path, shipped: Path, verbose: bool) -> None:
     """Give a cache entry written before checksums were kept its checksums: compared first with
     the shipped copy when there is one (a differing file is reported and the entry reinstalled),
-    else recorded from the files as they are (said once, on stderr). A read-only cache is left
+    else recorded from the files as they are (said once). A read-only cache is left
     as it is."""
     try:
         if (shipped / "config.json").is_file():
@@ -590,17 +589,16 @@ def _record_checksums(path: Path, shipped: Path, verbose: bool) -> None:
             differ = sorted(k for k in theirs if ours.get(k) != theirs[k])
             if differ:
                 print(f"cached SFT model at {path} differs from its shipped copy in "
-                      f"{', '.join(differ)}; reinstalling it", file=sys.stderr)
+                      f"{', '.join(differ)}; reinstalling it")
                 install_folder(shipped, path)
                 return
         else:
             print(f"cached SFT model at {path} records no checksums (cached before they were "
-                  f"kept): recording those of its files as they are", file=sys.stderr)
+                  f"kept): recording those of its files as they are")
         write_checksums(path)
     except OSError as e:  # a read-only cache: still usable, not checkable
         if verbose:
-            print(f"cannot record checksums in {path} ({e.strerror or e}); using it unchecked",
-                  file=sys.stderr)
+            print(f"cannot record checksums in {path} ({e.strerror or e}); using it unchecked")
 
 
 def checkpoint(cfg, verbose: bool = True) -> Path:
@@ -626,8 +624,7 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
             problem = (f"corrupt: {e}" if isinstance(e, CorruptCheckpoint) else
                        f"it does not load ({type(e).__name__}: {e})")
         if verbose or corrupt:  # a corrupt file is always reported, naming it
-            print(f"cached SFT model at {path} is unusable: {problem}; rebuilding it",
-                  file=sys.stderr if corrupt else sys.stdout)
+            print(f"cached SFT model at {path} is unusable: {problem}; rebuilding it")
     elif path.exists() and verbose:
         print(f"cached SFT model at {path} is incomplete; rebuilding it")
     if _recorded(SHIPPED / path.name) == recorded_config:
