@@ -207,10 +207,9 @@ def cmd_report(args) -> int:
 
         written = publish(runs, root / "reproductions", args.publish)
         print(f"published the {args.publish!r} profile: {len(written)} files under reproductions/")
-    t = info["tally"]
-    print(f"runs: {info['results'] + info['failures'] + len(info['invalid'])} "
-          f"({info['results']} with results, {info['failures']} failed, "
-          f"{len(info['invalid'])} with an invalid results.json)")
+    t, n = info["tally"], info["runs"]
+    print(f"runs: {n['runs']} ({n['completed']} completed, {n['failed']} failed, "
+          f"{n['invalid']} with an invalid results.json)")
     print(f"claims: {t['claims']}: {t['held']} held, {t['failed']} failed (did not hold, mixed, "
           f"or not evidence), {t['no_power']} had no power")
     return 0

@@ -94,7 +94,7 @@ def test_report_lists_invalid_results_and_keeps_the_valid(tmp_path, monkeypatch,
     md = (root / "report" / "summary.md").read_text()
     assert "could not be read" in md and "seed3/results.json" in md
     assert "total is positive" in md  # the valid run is still reported
-    assert "runs: 9 (1 with results, 0 failed, 8 with an invalid results.json)" in out
+    assert "runs: 9 (1 completed, 0 failed, 8 with an invalid results.json)" in out
 
 
 def complete_point(tmp_path):
@@ -435,10 +435,14 @@ def test_report_last_lines_count_runs_and_claims(tmp_path, monkeypatch, capsys):
     bad["claims"].append({**bad["claims"][0], "id": "other", "holds": False})
     (root / "runs/cpu/00_toy/pt").mkdir()
     (root / "runs/cpu/00_toy/pt/results.json").write_text(json.dumps({**bad, "point": "x"}))
+    # a run whose sanity claim failed its assert after writing its results: failed, reported
+    (root / "runs/cpu/00_toy/pt2").mkdir()
+    (root / "runs/cpu/00_toy/pt2/results.json").write_text(json.dumps({**bad, "point": "y"}))
+    (root / "runs/cpu/00_toy/pt2/run.json").write_text(json.dumps({"ok": False, "error": "x"}))
     assert cli.main(["report", "--no-notebooks"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-2:]
-    assert last[0] == "runs: 4 (3 with results, 1 failed, 0 with an invalid results.json)"
-    assert last[1].startswith("claims: 3: 1 held, 2 failed") and "0 had no power" in last[1]
+    assert last[0] == "runs: 5 (3 completed, 2 failed, 0 with an invalid results.json)"
+    assert last[1].startswith("claims: 5: 1 held, 4 failed") and "0 had no power" in last[1]
 
 
 @pytest.mark.skipif(not shutil.which("make"), reason="needs make")

@@ -38,7 +38,7 @@ from agentrl_lib.envs.program_synth import ProgramSynthTask
 from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
-from agentrl_lib.models.loading import CHECKSUMS, SFT_PREFIX, CorruptCheckpoint, cache_root, \
+from agentrl_lib.models.loading import SFT_PREFIX, CorruptCheckpoint, cache_root, \
     checksum_problems, file_checksums, install_folder, load_policy, save_checkpoint, \
     write_checksums
 from agentrl_lib.models.tiny_lm import BPE_DIR, SIZES, kind_of, new_model
@@ -585,7 +585,6 @@ def _record_checksums(path: Path, shipped: Path, verbose: bool) -> None:
     try:
         if (shipped / "config.json").is_file():
             ours, theirs = file_checksums(path), file_checksums(shipped)
-            theirs.pop(CHECKSUMS, None)
             differ = sorted(k for k in theirs if ours.get(k) != theirs[k])
             if differ:
                 print(f"cached SFT model at {path} differs from its shipped copy in "

@@ -795,7 +795,31 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
             "html": out_dir / "index.html", "markdown": out_dir / "summary.md",
             "notebooks": sum(map(len, executed.values())), "invalid": invalid,
-            "failed_runs": failures, "tally": claim_tally(rows)}
+            "failed_runs": failures, "tally": claim_tally(rows),
+            "runs": run_counts(runs_root, results, invalid)}
+
+
+def run_counts(runs_root: Path, results: list[dict], invalid: list[dict]) -> dict:
+    """How many run folders ``runs_root`` holds ('runs'), and of them how many failed (their
+    ``run.json`` says not ok, or cannot be read; a failed re-run kept aside counts too), how
+    many hold an invalid results.json, and how many completed (the rest)."""
+    runs_root = Path(runs_root)
+    dirs = {Path(r["_dir"]) for r in results} | {Path(b["path"]).parent for b in invalid}
+    failed = {Path(f["dir"]) for f in failed_runs(runs_root)}
+    for path in _run_files(runs_root, "run.json"):
+        if _hidden(path, runs_root):
+            continue
+        dirs.add(path.parent)
+        try:
+            run = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            run = None
+        if not isinstance(run, dict) or not run.get("ok"):
+            failed.add(path.parent)
+    bad = {Path(b["path"]).parent for b in invalid} - failed
+    total = len(dirs | failed)
+    return {"runs": total, "failed": len(failed), "invalid": len(bad),
+            "completed": total - len(failed) - len(bad)}
 
 
 def write_atomic(path: Path | str, text: str) -> Path:

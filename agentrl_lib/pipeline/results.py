@@ -9,7 +9,12 @@ A notebook calls, in its "Did it work?" section::
     assert_claims(claims)                              # ... then the run fails if a claim fails
 
 where ``params = params_from(globals())`` (in the setup cell) holds every declared parameter;
-the "Reading the result" prose words each claim with ``verdict(c)``.
+the "Reading the result" prose words each claim with ``verdict(c)``. In the ``cpu`` and ``gpu``
+profiles only sanity, theorem and design claims are asserted (``asserted_in``): a paper or
+extension claim that fails there is a result, and ``write_results`` records it as reported.
+
+``read_results`` reads a ``results.json`` back and says what is wrong with one that is empty,
+truncated, not JSON or of the wrong shape (``results_problem``), for the report and the sweep.
 
 A learning curve goes into ``metrics`` as ``metrics["curve/<name>"] = learning_curve(values,
 steps)``; the report shows its start, peak and final and flags a collapsed run (``curve_summary``).
