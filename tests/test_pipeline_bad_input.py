@@ -400,6 +400,9 @@ def _cmdline(p) -> list[str]:
 
 
 def test_published_profiles_assert_only_sanity_theorem_design(tmp_path, monkeypatch):
+    from agentrl_lib.pipeline import results
+
+    monkeypatch.setattr(results, "_PROFILE", [])  # this process's last profile, restored after
     monkeypatch.setenv("AGENTRL_RUN_DIR", str(tmp_path / "r"))
     paper = claim("beats", "ours beats the baseline", "acc", 0.4, 0.5, ">", kind="paper")
     ext = claim("ext", "an extension", "acc", 0.4, 0.5, ">", kind="extension")
