@@ -63,9 +63,13 @@ test: setup browser
 durations:
 	$(MAKE) test PYTEST_ARGS=--store-durations
 
+# exit 0 when every run completed and the report was written; 1 when a run crashed (in cpu and
+# gpu only sanity, theorem and design claims are asserted: a paper claim that fails is a result)
+# or the report could not be written. The report's last lines count the runs and the claims.
 report: setup
 	$(VENV)/bin/agentrl reproduce $(NOTEBOOKS) --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS); \
-	status=$$?; $(VENV)/bin/agentrl report; exit $$status
+	runs=$$?; $(VENV)/bin/agentrl report; written=$$?; \
+	if [ $$runs -ne 0 ] || [ $$written -ne 0 ]; then exit 1; fi
 
 lab: setup
 	$(VENV)/bin/agentrl cache --shipped --quiet

@@ -33,7 +33,7 @@ def cmd_list(args) -> int:
 
         print(notebook_map(root), end="")
         return 0
-    infos = [load_notebook(p, root) for p in notebook_paths(root)]
+    infos, bad = _load_each(notebook_paths(root), root)
     for i in infos:
         print(f"{i.name}: {i.title}")
         if i.meta.get("paper"):
@@ -45,7 +45,7 @@ def cmd_list(args) -> int:
             extra = "  [" + ", ".join(f"{k}: {v!r}" for k, v in over.items()) + "]" if over else ""
             print(f"    {p.name}: {p.type} = {p.default!r}  # {p.help}{extra}")
         print()
-    return 0
+    return 1 if bad else 0
 
 
 def cmd_readme(args) -> int:
@@ -65,10 +65,51 @@ def cmd_readme(args) -> int:
     return 0
 
 
+def _load_each(paths: list[Path], root: Path) -> tuple[list, list[str]]:
+    """(the notebooks of ``paths`` that load, the one-line errors of those that do not, each
+    printed to stderr naming its file): one broken notebook does not hide the others."""
+    infos, bad = [], []
+    for p in paths:
+        try:
+            infos.append(load_notebook(p, root))
+        except PipelineError as e:
+            print(f"agentrl: error: {e} (skipped)", file=sys.stderr)
+            bad.append(str(e))
+    return infos, bad
+
+
+_SKIPPED: list[str] = []
+"""the notebooks `all` skipped because they do not load (run and reproduce then exit 1)"""
+
+
 def _notebooks(names: list[str], root: Path) -> list:
-    """The notebooks named on the command line (stems, unique prefixes, or 'all'), loaded."""
-    paths = notebook_paths(root) if names == ["all"] else [find_notebook(n, root) for n in names]
-    return [load_notebook(p, root) for p in paths]
+    """The notebooks named on the command line (stems, unique prefixes, or 'all'), loaded. With
+    'all', a notebook that does not load is named on stderr and skipped (``_SKIPPED``); a notebook
+    named on its own that does not load is an error."""
+    if names == ["all"]:
+        infos, bad = _load_each(notebook_paths(root), root)
+        _SKIPPED.extend(bad)
+        return infos
+    return [load_notebook(find_notebook(n, root), root) for n in names]
+
+
+def _runs_folder(arg: str | None, root: Path, write: bool = False) -> Path:
+    """The runs folder of ``--runs`` (default ``<repo>/runs``); one that names a file is refused,
+    and with ``write`` one that cannot be written, before anything runs."""
+    import tempfile
+
+    runs = Path(arg) if arg else root / "runs"
+    if runs.exists() and not runs.is_dir():
+        raise PipelineError(f"--runs {runs}: is a file, not a folder")
+    if write:
+        try:
+            runs.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=runs):
+                pass
+        except OSError as e:
+            raise PipelineError(f"runs folder {runs}: cannot write there "
+                                f"({e.strerror or e})") from None
+    return runs
 
 
 def cmd_run(args) -> int:
@@ -81,7 +122,7 @@ def cmd_run(args) -> int:
     for info in infos:
         for s in seeds:
             resolve_params(info, args.profile, s, args.param)
-    runs_root = Path(args.runs) if args.runs else root / "runs"
+    runs_root = _runs_folder(args.runs, root, write=True)
     outcomes = []
     total = len(infos) * len(seeds)
     for info in infos:
@@ -96,7 +137,9 @@ def cmd_run(args) -> int:
     print(f"\n{len(outcomes) - len(failed)} of {len(outcomes)} runs ok")
     for o in failed:
         print(f"  failed: {o.line()}\n          executed notebook: {o.run_dir / (o.notebook + '.ipynb')}")
-    return 1 if failed else 0
+    if _SKIPPED:
+        print(f"{len(_SKIPPED)} notebooks skipped: they do not load (named above)")
+    return 1 if failed or _SKIPPED else 0
 
 
 def cmd_reproduce(args) -> int:
@@ -105,7 +148,7 @@ def cmd_reproduce(args) -> int:
     root = repo_root()
     infos = _notebooks(args.notebook, root)
     seeds = parse_seeds(args.seeds)
-    runs_root = Path(args.runs) if args.runs else root / "runs"
+    runs_root = _runs_folder(args.runs, root, write=not args.dry_run)
     points = []
     for info in infos:  # every point of every notebook is checked before the first one runs
         grid_path = args.grid
@@ -120,23 +163,24 @@ def cmd_reproduce(args) -> int:
             print(f"{p.label} -> {p.run_dir}")
         jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(points) or 1))
         print(estimate_line(estimate(points, root / "reproductions", jobs), jobs))
-        return 0
+        return 1 if _SKIPPED else 0
     out = run_sweep(points, jobs=args.jobs, backend=args.backend, address=args.address,
                     cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run,
                     rerun=args.rerun)
     print(f"\n{len(out['ok'])} ran ok, {len(out['skipped'])} were already complete, "
           f"{len(out['failed'])} failed")
     for p, res in out["failed"]:
-        print(f"  failed: {p.label}: {res['error']}\n          executed notebook: "
-              f"{Path(p.run_dir) / (p.notebook + '.ipynb')}")
-    return 1 if out["failed"] else 0
+        print(f"  failed: {p.label}: {res['error']}\n"
+              f"          run folder: {res.get('run_dir') or p.run_dir}")
+    if _SKIPPED:
+        print(f"{len(_SKIPPED)} notebooks skipped: they do not load (named above)")
+    return 1 if out["failed"] or _SKIPPED else 0
 
 
 def cmd_report(args) -> int:
     from agentrl_lib.pipeline.report import build_report
 
     root = repo_root()
-    runs = Path(args.runs) if args.runs else root / "runs"
     out = Path(args.out) if args.out else root / "report"
     if args.relabel:
         from agentrl_lib.pipeline.report import rebuild_results_md, relabel
@@ -146,10 +190,15 @@ def cmd_report(args) -> int:
         md = rebuild_results_md(root / "reproductions", args.relabel)
         print(f"relabelled {len(changes)} claims of the {args.relabel!r} tables; rebuilt {md}")
         return 0
+    runs = _runs_folder(args.runs, root)
     if not runs.is_dir():
         raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
+    if out.exists() and not out.is_dir():
+        raise PipelineError(f"--out {out}: is a file, not a folder")
     info = build_report(runs, out, notebooks=not args.no_notebooks,
                         fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv")
+    for b in info["invalid"]:
+        print(f"invalid: {b['path']} {b['problem']} (not counted; run it again)")
     print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs, "
           f"{info['notebooks']} executed notebooks linked")
     print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")
@@ -158,6 +207,11 @@ def cmd_report(args) -> int:
 
         written = publish(runs, root / "reproductions", args.publish)
         print(f"published the {args.publish!r} profile: {len(written)} files under reproductions/")
+    t, n = info["tally"], info["runs"]
+    print(f"runs: {n['runs']} ({n['completed']} completed, {n['failed']} failed, "
+          f"{n['invalid']} with an invalid results.json)")
+    print(f"claims: {t['claims']}: {t['held']} held, {t['failed']} failed (did not hold, mixed, "
+          f"or not evidence), {t['no_power']} had no power")
     return 0
 
 
@@ -353,16 +407,47 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _os_error_line(e: OSError) -> str:
+    """One line for an OSError: the file it names and the system's words ('Read-only file
+    system', 'No space left on device', 'Permission denied')."""
+    names = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{names}: {what}" if names else what
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt  # the same clean-up as Ctrl-C: kernels and sweep workers stopped
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    _SKIPPED.clear()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return args.func(args)
     except PipelineError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only folder, a full disk, a file where a folder should be
+        print(f"agentrl: error: {_os_error_line(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
+        import psutil
+
+        from agentrl_lib.pipeline.sweep import stop_process_trees
+
+        # what this command started (a run's kernel, a sweep's workers and their kernels) stops
+        stop_process_trees([p.pid for p in psutil.Process().children()])
         print("agentrl: interrupted; finished runs are kept under runs/", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -171,15 +171,18 @@ def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
     assert r1["metrics"]["total"] == pytest.approx(0.3) and r1["paper"]["title"] == "A paper"
     assert (root / "runs/ci/00_toy/seed1/00_toy.ipynb").is_file()
 
-    # a failing cell: the run fails, names the cell, keeps the executed notebook, and an
-    # earlier results.json in the same directory is moved aside, not reported as this run's
+    # a failing cell: the run fails, names the cell, keeps the executed notebook; the finished
+    # run already in the folder is kept as it was (nothing computed is lost), and the failed
+    # re-run beside it, where the report lists it
+    d = root / "runs/ci/00_toy/seed1"
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
     rc = cli.main(["run", "00", "--seed", "1", "-p", "fail_at", "3", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 1 and "RuntimeError: boom at the work cell" in out and "cell" in out
-    d = root / "runs/ci/00_toy/seed1"
-    assert not (d / "results.json").exists() and (d / "results.previous.json").exists()
-    assert not (d / "metrics.jsonl").exists()  # the earlier run's curves are gone too
-    assert json.loads((d / "run.json").read_text())["ok"] is False
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+    kept = root / "runs/ci/00_toy/.seed1.failed"
+    assert json.loads((kept / "run.json").read_text())["ok"] is False
+    assert (kept / "00_toy.ipynb").is_file() and not (kept / "results.json").exists()
 
     # a claim that fails: results.json is still written (nothing computed is lost)
     rc = cli.main(["run", "00", "--seed", "3", "-p", "lr", "-1.0", "--quiet"])
@@ -198,7 +201,7 @@ def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):
 
     assert cli.main(["report"]) == 0
     md = (root / "report/summary.md").read_text()
-    assert "mixed 1/2" in md  # seed 2 held, seed 3 did not; seed 1 failed before results
+    assert "mixed 2/3" in md  # seeds 1 (its finished run) and 2 held, seed 3 did not
     html = (root / "report/index.html").read_text()
     assert "boom at the work cell" in html and "Toy" in html
     # each run's executed notebook is linked as HTML and every relative link resolves

@@ -38,8 +38,9 @@ from agentrl_lib.envs.program_synth import ProgramSynthTask
 from agentrl_lib.envs.shop import ShopEnv, make_catalog
 from agentrl_lib.envs.text_tasks import GENERATORS, make_problems, reference_completion
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
-from agentrl_lib.models.loading import SFT_PREFIX, cache_root, install_folder, load_policy, \
-    save_checkpoint
+from agentrl_lib.models.loading import SFT_PREFIX, CorruptCheckpoint, cache_root, \
+    checksum_problems, file_checksums, install_folder, load_policy, save_checkpoint, \
+    write_checksums
 from agentrl_lib.models.tiny_lm import BPE_DIR, SIZES, kind_of, new_model
 from agentrl_lib.rollout import chat_example, episode_logps, model_device, pad_examples, \
     play_episodes, text_episodes_to_tokens
@@ -576,6 +577,29 @@ def _recorded(folder: Path) -> dict | None:
     return json.loads(meta.read_text())["config"] if meta.is_file() else None
 
 
+def _record_checksums(path: Path, shipped: Path, verbose: bool) -> None:
+    """Give a cache entry written before checksums were kept its checksums: compared first with
+    the shipped copy when there is one (a differing file is reported and the entry reinstalled),
+    else recorded from the files as they are (said once). A read-only cache is left
+    as it is."""
+    try:
+        if (shipped / "config.json").is_file():
+            ours, theirs = file_checksums(path), file_checksums(shipped)
+            differ = sorted(k for k in theirs if ours.get(k) != theirs[k])
+            if differ:
+                print(f"cached SFT model at {path} differs from its shipped copy in "
+                      f"{', '.join(differ)}; reinstalling it")
+                install_folder(shipped, path)
+                return
+        else:
+            print(f"cached SFT model at {path} records no checksums (cached before they were "
+                  f"kept): recording those of its files as they are")
+        write_checksums(path)
+    except OSError as e:  # a read-only cache: still usable, not checkable
+        if verbose:
+            print(f"cannot record checksums in {path} ({e.strerror or e}); using it unchecked")
+
+
 def checkpoint(cfg, verbose: bool = True) -> Path:
     """The cached checkpoint folder for ``cfg``: copied from ``SHIPPED`` or trained first when
     missing or unusable."""
@@ -583,16 +607,22 @@ def checkpoint(cfg, verbose: bool = True) -> Path:
     meta = path / "agentrl_sft.json"
     recorded_config = json.loads(json.dumps(_identity(cfg), default=list))
     if meta.is_file():
+        corrupt = checksum_problems(path)
         try:
             from transformers import AutoConfig
 
+            if corrupt:
+                raise CorruptCheckpoint("; ".join(corrupt))
             AutoConfig.from_pretrained(path)
             if json.loads(meta.read_text())["config"] == recorded_config:
+                if corrupt is None:
+                    _record_checksums(path, SHIPPED / path.name, verbose)
                 return path
             problem = "its recorded config differs"
         except Exception as e:  # noqa: BLE001 - any unreadable cache entry is rebuilt
-            problem = f"it does not load ({type(e).__name__}: {e})"
-        if verbose:
+            problem = (f"corrupt: {e}" if isinstance(e, CorruptCheckpoint) else
+                       f"it does not load ({type(e).__name__}: {e})")
+        if verbose or corrupt:  # a corrupt file is always reported, naming it
             print(f"cached SFT model at {path} is unusable: {problem}; rebuilding it")
     elif path.exists() and verbose:
         print(f"cached SFT model at {path} is incomplete; rebuilding it")
@@ -614,9 +644,10 @@ def load_base(name_or_cfg, device: str = "cpu", dtype=None, verbose: bool = True
     ``BASE_MODELS``; the name wins over a folder or hub model of that name) or an ``SFTConfig`` / ``AgentSFTConfig`` (built on first use and cached), or
     anything ``models.loading.load_policy`` takes (a checkpoint folder, a hub name,
     ``agentrl/<size>``). Returns (model, tokenizer)."""
+    checked = False  # checkpoint() has just verified the files' checksums
     if isinstance(name_or_cfg, (SFTConfig, AgentSFTConfig, PretrainConfig)):
-        name_or_cfg = str(checkpoint(name_or_cfg, verbose))
+        name_or_cfg, checked = str(checkpoint(name_or_cfg, verbose)), True
     elif name_or_cfg.startswith(SFT_PREFIX) or name_or_cfg in BASE_MODELS:
-        name_or_cfg = str(checkpoint(base_config(name_or_cfg), verbose))
-    model, tok = load_policy(name_or_cfg, device=device, dtype=dtype)
+        name_or_cfg, checked = str(checkpoint(base_config(name_or_cfg), verbose)), True
+    model, tok = load_policy(name_or_cfg, device=device, dtype=dtype, verify=not checked)
     return model.eval(), tok

@@ -11,10 +11,16 @@ The named SFT bases (``agentrl-sft/<name>``) are built by SFT on first use:
 ``save_checkpoint`` writes a folder atomically (a temporary folder renamed into place), so a killed
 build never leaves a half-written checkpoint that looks complete; ``cache_root`` is where the
 project's built models live (``$AGENTRL_CACHE``, default ``~/.cache/agentrl``).
+
+Every folder ``save_checkpoint`` or ``install_folder`` writes records the SHA-256 of each of its
+files in ``CHECKSUMS`` (``write_checksums``); ``load_policy`` and the SFT cache
+(``sft.checkpoint``, so ``agentrl cache``) check them (``checksum_problems``), so half a
+``model.safetensors`` or flipped weight bytes are reported naming the file instead of loading.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +28,68 @@ from pathlib import Path
 
 BUILTIN_PREFIX = "agentrl/"
 SFT_PREFIX = "agentrl-sft/"
+
+
+CHECKSUMS = "agentrl_checksums.json"
+"""the file of a checkpoint folder that records {relative path: sha256} of every other file"""
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint folder whose files differ from the checksums recorded when it was written."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_checksums(folder: Path | str) -> dict[str, str]:
+    """{path relative to ``folder``: sha256} of every file under it but ``CHECKSUMS``."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != CHECKSUMS}
+
+
+def write_checksums(folder: Path | str) -> Path:
+    """Record the checksum of every file of ``folder`` in ``folder/CHECKSUMS``."""
+    path = Path(folder) / CHECKSUMS
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"sha256": file_checksums(folder)}, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def checksum_problems(folder: Path | str) -> list[str] | None:
+    """None when ``folder`` records no checksums; else one line per recorded file that is missing
+    or whose content changed (truncated, bytes flipped), naming it ([] when every file agrees)."""
+    folder = Path(folder)
+    try:
+        recorded = json.loads((folder / CHECKSUMS).read_bytes().decode("utf-8"))["sha256"]
+        assert isinstance(recorded, dict)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return [f"{folder / CHECKSUMS}: unreadable"]
+    out = []
+    for rel, digest in sorted(recorded.items()):
+        path = folder / rel
+        if not path.is_file():
+            out.append(f"{path}: missing")
+        elif _sha256(path) != digest:
+            out.append(f"{path}: its checksum differs from the one recorded when it was written "
+                       f"({path.stat().st_size} bytes now: truncated or changed)")
+    return out
+
+
+def verify_checkpoint(folder: Path | str) -> None:
+    """Raise ``CorruptCheckpoint`` naming each file of ``folder`` that differs from its recorded
+    checksum (a folder that records none passes)."""
+    problems = checksum_problems(folder)
+    if problems:
+        raise CorruptCheckpoint(f"checkpoint {folder} is corrupt: " + "; ".join(problems))
 
 
 def cache_root() -> Path:
@@ -45,11 +113,14 @@ def is_plain_tokenizer(folder) -> bool:
     return cls in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kwargs):
+def load_policy(name_or_path: str, device: str = "cpu", dtype=None, verify: bool = True,
+                **builtin_kwargs):
     """Load a causal LM and its tokenizer (see the module docstring for the names it takes).
 
     ``builtin_kwargs`` go to ``tiny_lm.new_model`` for ``agentrl/<size>``. A missing folder, or a
-    name that is neither a folder nor reachable on the hub, raises ``FileNotFoundError`` naming it.
+    name that is neither a folder nor reachable on the hub, raises ``FileNotFoundError`` naming it;
+    a folder whose files differ from its recorded checksums raises ``CorruptCheckpoint`` naming
+    them (``verify=False``: the caller has just checked).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,6 +138,8 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype=None, **builtin_kw
     if looks_local and not (path / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: expected a folder with config.json "
                                 f"(saved by save_pretrained)")
+    if looks_local and verify:
+        verify_checkpoint(path)
     try:
         if is_plain_tokenizer(path):
             from transformers import PreTrainedTokenizerFast
@@ -94,6 +167,7 @@ def save_checkpoint(model, tokenizer, path: Path, meta: dict, meta_name: str = "
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / meta_name).write_text(json.dumps(meta, indent=2, default=list))
+    write_checksums(tmp)
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, path)
@@ -101,11 +175,16 @@ def save_checkpoint(model, tokenizer, path: Path, meta: dict, meta_name: str = "
 
 
 def install_folder(src: Path, path: Path) -> Path:
-    """Copy the checkpoint folder ``src`` to ``path`` atomically (as ``save_checkpoint``)."""
+    """Copy the checkpoint folder ``src`` to ``path`` atomically (as ``save_checkpoint``), with
+    its checksums: checked against ``src``'s when it records them, else recorded from the copy
+    (the shipped bases live in git, which guards their bytes)."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    verify_checkpoint(src)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
+    if not (tmp / CHECKSUMS).is_file():
+        write_checksums(tmp)
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, path)

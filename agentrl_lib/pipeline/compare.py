@@ -63,7 +63,16 @@ def same(a, b, rtol: float) -> bool:
 
 
 def _numbers(path: Path) -> tuple[dict, dict]:
-    data = json.loads(path.read_text())
+    from agentrl_lib.pipeline.notebooks import PipelineError
+
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PipelineError(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None
+    claims = data.get("claims", []) if isinstance(data, dict) else None
+    if not isinstance(claims, list) or not all(isinstance(c, dict) and "id" in c for c in claims):
+        raise PipelineError(f"{path}: not a results.json (a mapping whose claims are a list of "
+                            f"mappings with an id)")
     claims = {c["id"]: c for c in data.get("claims", [])}
     flat = flatten({"metrics": data.get("metrics", {}), "claims": claims})
     return {k: v for k, v in flat.items() if not is_timing(k)}, claims
@@ -75,6 +84,8 @@ def compare(before: Path, after: Path, rtol: float = 1e-9) -> dict:
     out = {}
     for rb in sorted(Path(before).glob("**/results.json")):
         rel = rb.parent.relative_to(before)
+        if any(part.startswith(".") for part in rel.parts):
+            continue  # a run in progress, or a failed re-run kept aside (pipeline/run.py)
         ra = Path(after) / rel / "results.json"
         if not ra.is_file():
             out[str(rel)] = {"missing": True, "diffs": [], "flips": []}

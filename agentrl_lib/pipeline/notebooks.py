@@ -18,6 +18,8 @@ from pathlib import Path
 import yaml
 
 PROFILES = ("ci", "cpu", "gpu")
+RESERVED = {"seed": "use --seed (run) or --seeds (reproduce)", "profile": "use --profile"}
+"""parameters the pipeline sets itself: refused in ``-p``, a profile or a grid, never ignored"""
 TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": list, "dict": dict}
 
 
@@ -91,13 +93,20 @@ def parameters_source(nb: dict) -> str:
 
 
 def parse_parameters(source: str) -> dict[str, Param]:
-    """Parse ``name: type = literal  # help`` lines (a bare ``name = literal`` infers the type)."""
-    comments = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    """Parse ``name: type = literal  # help`` lines (a bare ``name = literal`` infers the type).
+    A cell that is not valid Python raises PipelineError naming the line."""
+    try:
+        tree = ast.parse(source)
+        comments = {}
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (SyntaxError, tokenize.TokenError) as e:
+        line = getattr(e, "lineno", None) or (e.args[1][0] if len(e.args) > 1 else "?")
+        msg = getattr(e, "msg", None) or e.args[0]
+        raise PipelineError(f"parameters cell line {line}: not valid Python ({msg})") from None
     params: dict[str, Param] = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             name, tname = node.target.id, ast.unparse(node.annotation)
             value = node.value
@@ -157,11 +166,37 @@ def parse_cli_value(name: str, tname: str, text: str):
         raise PipelineError(f"parameter {name!r} expects {tname}, got {text!r}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    one silently, so a profile or grid could run with a value nobody meant)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path | str):
-    """The parsed YAML file; a malformed one raises PipelineError naming the file, the line and
-    column, and what is wrong (never a parser traceback)."""
+    """The parsed YAML file; a malformed one (bad syntax, a key given twice, bytes that are not
+    UTF-8) raises PipelineError naming the file, the line and column, and what is wrong (never a
+    parser traceback)."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        return yaml.load(Path(path).read_bytes().decode("utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise PipelineError(f"{path}: not UTF-8 text (byte {e.start}: "
+                            f"{e.object[e.start:e.start + 1]!r})") from None
+    except OSError as e:
+        raise PipelineError(f"{path}: cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark, context = getattr(e, "problem_mark", None), getattr(e, "context", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}"
@@ -184,6 +219,10 @@ def load_profiles(root: Path, name: str, params: dict[str, Param]) -> dict[str, 
                 raise PipelineError(f"{path}: unknown profile {prof!r}; expected one of {PROFILES}")
             if not isinstance(overrides or {}, dict):
                 raise PipelineError(f"{path} [{prof}]: expected a mapping parameter -> value")
+            for reserved in RESERVED:
+                if reserved in (overrides or {}):
+                    raise PipelineError(f"{path} [{prof}]: {reserved!r} is not a profile "
+                                        f"setting; {RESERVED[reserved]}")
             profiles[prof] = validate_overrides(overrides or {}, params, f"{path} [{prof}]")
     return profiles
 
@@ -194,13 +233,36 @@ def validate_overrides(overrides: dict, params: dict[str, Param], where: str) ->
         if k not in params:
             raise PipelineError(f"{where}: unknown parameter {k!r}; this notebook declares: "
                                 f"{', '.join(params)}")
-        out[k] = check_value(k, params[k].type, v)
+        try:
+            out[k] = check_value(k, params[k].type, v)
+        except PipelineError as e:
+            raise PipelineError(f"{where}: {e}") from None
     return out
 
 
+def read_notebook(path: Path) -> dict:
+    """The notebook's JSON; an unreadable, truncated or non-UTF-8 file raises PipelineError
+    naming it."""
+    try:
+        nb = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise PipelineError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"{path}: not a notebook: invalid JSON at line {e.lineno} column "
+                            f"{e.colno} ({e.msg}; truncated?)") from None
+    except OSError as e:
+        raise PipelineError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise PipelineError(f"{path}: not a notebook (no list of cells)")
+    return nb
+
+
 def load_notebook(path: Path, root: Path) -> NotebookInfo:
-    nb = json.loads(path.read_text())
-    params = parse_parameters(parameters_source(nb))
+    nb = read_notebook(path)
+    try:
+        params = parse_parameters(parameters_source(nb))
+    except PipelineError as e:
+        raise PipelineError(f"{path}: {e}") from None
     info = NotebookInfo(path.stem, path, nb.get("metadata", {}).get("agentrl", {}), params)
     info.profiles = load_profiles(root, path.stem, params)
     return info
@@ -220,6 +282,8 @@ def resolve_params(info: NotebookInfo, profile: str, seed: int,
     params.update(info.profiles[profile])
     params.update(validate_overrides(overrides or {}, info.params, f"{info.name} grid point"))
     for name, text in cli or []:
+        if name in RESERVED:
+            raise PipelineError(f"-p {name} {text}: {RESERVED[name]}")
         if name not in info.params:
             raise PipelineError(f"unknown parameter {name!r} for {info.name}; it declares: "
                                 f"{', '.join(info.params)}")

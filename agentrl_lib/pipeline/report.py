@@ -41,6 +41,7 @@ import base64
 import html
 import json
 import math
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -48,25 +49,69 @@ from pathlib import Path
 import numpy as np
 
 
-def _readable(runs_root: Path, name: str):
-    """(path, parsed JSON) of every readable ``name`` file under ``runs_root``, sorted."""
-    for path in sorted(Path(runs_root).rglob(name)):
-        try:
-            yield path, json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+def _hidden(path: Path, runs_root: Path) -> bool:
+    """Whether ``path`` lies in a folder the pipeline keeps aside (a name starting with '.': a
+    run in progress ``.seed0.staging``, a failed re-run ``.seed0.failed`` kept beside the finished
+    run it did not replace)."""
+    return any(part.startswith(".") for part in path.relative_to(runs_root).parts[:-1])
+
+
+def _run_files(runs_root: Path, name: str):
+    return sorted(Path(runs_root).rglob(name))
+
+
+def collect_all(runs_root: Path) -> tuple[list[dict], list[dict]]:
+    """(every valid results.json under ``runs_root`` with its folder as ``_dir``, and every
+    invalid one as {'path', 'problem'}): empty, truncated, not JSON, of the wrong shape
+    (``results.read_results``), or that cannot be summarised. Folders kept aside (``_hidden``)
+    and ``.tmp`` files are never read."""
+    from agentrl_lib.pipeline.results import read_results
+
+    runs_root = Path(runs_root)
+    good, bad = [], []
+    for path in _run_files(runs_root, "results.json"):
+        if _hidden(path, runs_root):
             continue
+        data, problem = read_results(path)
+        if data is not None:
+            data = {**data, "_dir": str(path.parent)}
+            try:  # whatever the shape check missed must not kill the whole report
+                summarise([data])
+                summarise_curves([data])
+            except Exception as e:  # noqa: BLE001
+                data, problem = None, f"cannot be summarised ({type(e).__name__}: {e})"
+        if data is None:
+            bad.append({"path": str(path), "problem": problem})
+        else:
+            good.append(data)
+    return good, bad
 
 
 def collect(runs_root: Path) -> list[dict]:
-    """Every readable results.json under ``runs_root`` (``.tmp`` files are never read)."""
-    return [{**r, "_dir": str(path.parent)} for path, r in _readable(runs_root, "results.json")]
+    """Every valid results.json under ``runs_root`` (``collect_all``)."""
+    return collect_all(runs_root)[0]
 
 
 def failed_runs(runs_root: Path) -> list[dict]:
+    """Runs that failed before writing a valid result, and re-runs that failed beside a finished
+    run they did not replace (``.seed<S>.failed``), each as {'dir', 'error'}."""
+    runs_root = Path(runs_root)
     out = []
-    for path, r in _readable(runs_root, "run.json"):
-        if not r.get("ok") and not (path.parent / "results.json").exists():
-            out.append({"dir": str(path.parent), "error": r.get("error", "")})
+    for path in _run_files(runs_root, "run.json"):
+        kept_aside = path.parent.name.endswith(".failed")
+        if _hidden(path, runs_root) and not kept_aside:
+            continue  # a run in progress
+        try:
+            r = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            r = {"ok": False, "error": "run.json cannot be read"}
+        if not isinstance(r, dict):
+            r = {"ok": False, "error": "run.json is not a mapping"}
+        if not r.get("ok") and (kept_aside or not (path.parent / "results.json").exists()):
+            error = str(r.get("error", ""))
+            if kept_aside:
+                error += " (a re-run; the finished run beside it was kept)"
+            out.append({"dir": str(path.parent), "error": error})
     return out
 
 
@@ -554,9 +599,12 @@ def render_executed(results: list[dict], out_dir: Path) -> dict[tuple, list[tupl
         if not dest.is_file() or dest.stat().st_mtime < src.stat().st_mtime:
             if exporter is None:
                 exporter = HTMLExporter(template_name="lab")
-            body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4))
+            try:
+                body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4))
+            except Exception:  # noqa: BLE001 - a truncated executed notebook: no link, no crash
+                continue
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(body, encoding="utf-8")
+            write_atomic(dest, body)
         label = (f"{point}, " if point else "") + f"seed {r.get('seed')}"
         links[(r["notebook"], r.get("profile"))].append((label, rel.as_posix()))
     return links
@@ -604,7 +652,8 @@ def fidelity_markdown(fidelity: dict[str, dict]) -> str:
 def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 curve_rows: list[dict] | None = None,
                 executed: dict[tuple, list[tuple[str, str]]] | None = None,
-                fidelity: dict[str, dict] | None = None) -> str:
+                fidelity: dict[str, dict] | None = None,
+                invalid: list[dict] | None = None) -> str:
     """The report page; ``fidelity`` ({notebook: counts.csv row}) adds a line under each
     notebook's heading and a table of every notebook's counts at the end."""
     e = html.escape
@@ -714,6 +763,10 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
         parts.append("<h2>Runs that failed before writing results</h2><ul>")
         parts.extend(f"<li>{e(f['dir'])}: {e(f['error'])}</li>" for f in failures)
         parts.append("</ul>")
+    if invalid:
+        parts.append("<h2>results.json files that could not be read (not counted)</h2><ul>")
+        parts.extend(f"<li>{e(b['path'])} {e(b['problem'])}</li>" for b in invalid)
+        parts.append("</ul>")
     return "\n".join(parts)
 
 
@@ -726,22 +779,80 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
 
     fidelity = read_counts(fidelity_csv) if fidelity_csv else {}
     runs_root, out_dir = Path(runs_root), Path(out_dir)
-    results = collect(runs_root)
+    results, invalid = collect_all(runs_root)
     rows = summarise(results)
     curve_rows = summarise_curves(results)
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = render_executed(results, out_dir) if notebooks else {}
-    (out_dir / "summary.md").write_text(scoreboard_markdown(rows, fidelity) + "\n" +
-                                        markdown(rows, curve_rows) + "\n" +
-                                        fidelity_markdown(fidelity))
-    (out_dir / "index.html").write_text(render_html(rows, results, failures, curve_rows, executed,
-                                                    fidelity))
-    (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str))
-    (out_dir / "curves.json").write_text(json.dumps(curve_rows, indent=2, default=str))
+    write_atomic(out_dir / "summary.md", scoreboard_markdown(rows, fidelity) + "\n" +
+                 markdown(rows, curve_rows) + "\n" + fidelity_markdown(fidelity) +
+                 invalid_markdown(invalid))
+    write_atomic(out_dir / "index.html", render_html(rows, results, failures, curve_rows,
+                                                     executed, fidelity, invalid))
+    write_atomic(out_dir / "summary.json", json.dumps(rows, indent=2, default=str))
+    write_atomic(out_dir / "curves.json", json.dumps(curve_rows, indent=2, default=str))
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
             "html": out_dir / "index.html", "markdown": out_dir / "summary.md",
-            "notebooks": sum(map(len, executed.values()))}
+            "notebooks": sum(map(len, executed.values())), "invalid": invalid,
+            "failed_runs": failures, "tally": claim_tally(rows),
+            "runs": run_counts(runs_root, results, invalid)}
+
+
+def run_counts(runs_root: Path, results: list[dict], invalid: list[dict]) -> dict:
+    """How many run folders ``runs_root`` holds ('runs'), and of them how many failed (their
+    ``run.json`` says not ok, or cannot be read; a failed re-run kept aside counts too), how
+    many hold an invalid results.json, and how many completed (the rest)."""
+    runs_root = Path(runs_root)
+    dirs = {Path(r["_dir"]) for r in results} | {Path(b["path"]).parent for b in invalid}
+    failed = {Path(f["dir"]) for f in failed_runs(runs_root)}
+    for path in _run_files(runs_root, "run.json"):
+        if _hidden(path, runs_root):
+            continue
+        dirs.add(path.parent)
+        try:
+            run = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            run = None
+        if not isinstance(run, dict) or not run.get("ok"):
+            failed.add(path.parent)
+    bad = {Path(b["path"]).parent for b in invalid} - failed
+    total = len(dirs | failed)
+    return {"runs": total, "failed": len(failed), "invalid": len(bad),
+            "completed": total - len(failed) - len(bad)}
+
+
+def write_atomic(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file renamed into place: a full disk or a kill
+    leaves the earlier file (or none), never a truncated one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def invalid_markdown(invalid: list[dict]) -> str:
+    if not invalid:
+        return ""
+    return ("\n### results.json files that could not be read (not counted)\n\n" +
+            "".join(f"- `{b['path']}` {b['problem']}\n" for b in invalid))
+
+
+def claim_tally(rows: list[dict]) -> dict:
+    """How many claim rows (one per notebook, profile, grid point and claim) held in every seed,
+    had no power, and failed (did not hold, mixed, not evidence, or post hoc with no unseen
+    seed)."""
+    held = sum(r["verdict"] == "holds" for r in rows)
+    powerless = sum(r["verdict"] == NO_POWER for r in rows)
+    return {"claims": len(rows), "held": held, "no_power": powerless,
+            "failed": len(rows) - held - powerless}
 
 
 CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "margin",
@@ -899,7 +1010,7 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
     else:
         old = old.rstrip() + "\n\n" + section + "\n"
-    md.write_text(old)
+    write_atomic(md, old)
     written.append(md)
     return written
 

@@ -6,9 +6,11 @@ A *point* is one (grid values, seed) pair; it runs in ``runs/<profile>/<notebook
 the sweep has no grid and in ``runs/<profile>/<notebook>/<tag>/seed<S>`` otherwise (tag =
 ``name=value`` pairs of the grid point). A point is *complete* when its ``run.json`` says ok, its
 ``results.json`` exists and its ``params.json`` equals the parameters it would run with now; a
-second call of the same sweep runs only what is not complete. ``results.json`` is written by
-renaming a temp file and ``run.json`` only after the notebook ends, and ``execute`` removes both
-before it starts, so a killed run leaves nothing that looks finished.
+second call of the same sweep runs only what is not complete (an unreadable or malformed
+``run.json``, ``params.json`` or ``results.json`` makes a point incomplete, never stops the sweep).
+``execute`` runs the notebook in a staging folder that replaces the point's folder only when it
+ends, so a killed run leaves nothing that looks finished and loses no earlier finished run; a
+killed sweep (Ctrl-C, SIGTERM) stops its workers and their Jupyter kernels with it.
 
 A grid file (YAML) is either a mapping of parameter -> list of values (the Cartesian product) or
 ``{points: [{name: value, ...}, ...]}`` (listed points). Names and types are checked against the
@@ -60,13 +62,18 @@ def load_grid(path: Path | str, info: NotebookInfo) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"grid file not found: {path}")
-    data = read_yaml(path) or {}
+    data = read_yaml(path)
+    if data is None or data == {}:
+        raise PipelineError(f"{path}: the grid is empty (it would run only the profile's own "
+                            f"point); give name: [values] or points: [...], or drop --grid")
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: a grid is a mapping name -> [values] or {{points: [...]}}")
     if "points" in data:
         points = data["points"]
         if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
             raise PipelineError(f"{path}: 'points' must be a list of name: value mappings")
+        if not points:
+            raise PipelineError(f"{path}: 'points' is empty: the sweep would run nothing")
     else:
         for k, v in data.items():
             if not isinstance(v, list) or not v:
@@ -110,15 +117,28 @@ def plan(info: NotebookInfo, profile: str, seeds: list[int], grid: list[dict] | 
     return points
 
 
-def is_complete(point: Point) -> bool:
-    d = Path(point.run_dir)
+def _read_json(path: Path):
+    """The parsed file, or None when it is missing, unreadable, not UTF-8 or not JSON."""
     try:
-        run = json.loads((d / "run.json").read_text())
-        params = json.loads((d / "params.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+
+
+def is_complete(point: Point) -> bool:
+    """Whether the point's folder holds a finished run of these parameters: ``run.json`` a
+    mapping that says ok, ``params.json`` equal to the point's, and a valid ``results.json``
+    (``results.read_results``). Anything unreadable or of the wrong shape makes it incomplete,
+    so it runs again, and never stops the sweep."""
+    from agentrl_lib.pipeline.results import read_results
+
+    d = Path(point.run_dir)
+    run, params = _read_json(d / "run.json"), _read_json(d / "params.json")
+    if not isinstance(run, dict) or not run.get("ok") or not isinstance(params, dict):
         return False
-    same = json.loads(json.dumps(point.params)) == params
-    return bool(run.get("ok")) and (d / "results.json").is_file() and same
+    if json.loads(json.dumps(point.params)) != params:
+        return False
+    return read_results(d / "results.json")[0] is not None
 
 
 def run_point(point: Point, cell_timeout: int | None = 3600) -> dict:
@@ -131,7 +151,35 @@ def run_point(point: Point, cell_timeout: int | None = 3600) -> dict:
     except Exception as e:  # papermill/kernel trouble outside the notebook's own cells
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "wall_s": 0.0,
                 "failed_cell": None}
-    return {"ok": out.ok, "error": out.error, "wall_s": out.wall_s, "failed_cell": out.failed_cell}
+    return {"ok": out.ok, "error": out.error, "wall_s": out.wall_s, "failed_cell": out.failed_cell,
+            "run_dir": str(out.run_dir)}
+
+
+def stop_process_trees(pids: list[int], grace_s: float = 3.0) -> None:
+    """Terminate each process of ``pids`` and every descendant (the workers' Jupyter kernels run
+    in sessions of their own, so a signal to the sweep's process group never reaches them), then
+    kill what is still alive after ``grace_s``."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs += p.children(recursive=True) + [p]
+        except psutil.NoSuchProcess:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _ray_available():
@@ -258,7 +306,8 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
                         res = {"ok": False, "error": f"worker died: {type(e).__name__}: {e}",
                                "wall_s": 0.0, "failed_cell": None}
                     report(p, res)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cli.main)
+                stop_process_trees(list(getattr(pool, "_processes", None) or {}))
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     elif backend == "ray":
