@@ -64,7 +64,7 @@ durations:
 	$(MAKE) test PYTEST_ARGS=--store-durations
 
 # exit 0 when every run completed and the report was written; 1 when a run crashed (in cpu and
-# gpu only sanity, theorem and design claims are asserted: a paper claim that fails is a result)
+# gpu only sanity and theorem claims are asserted: a paper claim that fails is a result)
 # or the report could not be written. The report's last lines count the runs and the claims.
 report: setup
 	$(VENV)/bin/agentrl reproduce $(NOTEBOOKS) --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS); \

@@ -399,7 +399,7 @@ def _cmdline(p) -> list[str]:
         return []
 
 
-def test_published_profiles_assert_only_sanity_theorem_design(tmp_path, monkeypatch):
+def test_published_profiles_assert_only_sanity_and_theorem(tmp_path, monkeypatch):
     from agentrl_lib.pipeline import results
 
     monkeypatch.setattr(results, "_PROFILE", [])  # this process's last profile, restored after
@@ -407,10 +407,11 @@ def test_published_profiles_assert_only_sanity_theorem_design(tmp_path, monkeypa
     paper = claim("beats", "ours beats the baseline", "acc", 0.4, 0.5, ">", kind="paper")
     ext = claim("ext", "an extension", "acc", 0.4, 0.5, ">", kind="extension")
     sanity = claim("same", "equals the library", "x", 1.0, 2.0, "~", kind="sanity")
+    design = claim("built", "true by construction", "x", 1.0, 2.0, "~", kind="design")
     params = {"seed": 0, "profile": "cpu"}
     for profile in ("cpu", "gpu"):
         write_results("00_toy", {**params, "profile": profile}, {}, [paper, ext])
-        assert_claims([paper, ext])  # failing paper and extension claims: results, not errors
+        assert_claims([paper, ext, design])  # failing paper, extension, design: results
         saved = json.loads((tmp_path / "r/results.json").read_text())
         assert [c["asserted"] for c in saved["claims"]] == [False, False]
         with pytest.raises(AssertionError, match="same"):
