@@ -715,13 +715,36 @@ def write_metrics_jsonl(directory: Path, metrics: dict) -> Path:
 
 def assert_claims(claims: list[Claim], profile: str | None = None) -> None:
     """Fail (AssertionError naming each claim and its numbers) if a claim asserted in ``profile``
-    does not hold (``asserted_in``: in ``cpu`` and ``gpu`` only sanity and theorem claims). ``profile`` defaults to that of this process's last ``write_results``, else 'ci'."""
+    does not hold (``asserted_in``: in ``cpu`` and ``gpu`` only sanity and theorem claims).
+    ``profile`` defaults to that of this process's last ``write_results``, else 'ci'."""
     profile = profile or (_PROFILE[0] if _PROFILE else "ci")
     failed = [c for c in claims if asserted_in(c, profile) and not c.holds]
     if failed:
         lines = [f"{c.id}: {c.statement} -- {c.metric}: ours={c.ours:.4g} {c.direction} "
                  f"baseline={c.baseline} (margin {c.margin})" for c in failed]
         raise AssertionError("claims that did not hold:\n" + "\n".join(lines))
+
+
+def assert_controls(claims: list[Claim], why: str = "a negative control passed",
+                    profile: str | None = None) -> None:
+    """Fail (AssertionError: ``why`` and the claims) if a claim's negative control passed where
+    that is an error: in ``ci`` every claim with a control (the notebook's checks run on its
+    ``ci`` numbers), in ``cpu`` and ``gpu`` only the kinds of ``ASSERTED_AT_SCALE``. Elsewhere a
+    control that passes is a result: the report reads the claim 'not evidence'.
+
+    >>> c = claim("beats", "s", "acc", 0.6, 0.5, ">", kind="paper", control=0.7)
+    >>> assert_controls([c], profile="cpu")  # a paper claim's control passing is reported
+    >>> assert_controls([c], profile="ci")
+    Traceback (most recent call last):
+    ...
+    AssertionError: a negative control passed: beats (control 0.7)
+    """
+    profile = profile or (_PROFILE[0] if _PROFILE else "ci")
+    passed = [c for c in claims if c.control is not None and not c.control_fails
+              and (profile not in SCALE_PROFILES or c.kind in ASSERTED_AT_SCALE)]
+    if passed:
+        raise AssertionError(f"{why}: " + ", ".join(f"{c.id} (control {c.control:.4g})"
+                                                    for c in passed))
 
 
 def _default(o):
