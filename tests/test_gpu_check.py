@@ -47,7 +47,8 @@ def test_trace_breakdown_by_hand():
         x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 85, 5),
         x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 95, 2),
         x("kernel", "later", 120, 10), x("cuda_runtime", "cudaStreamSynchronize", 90, 9),
-        x("cuda_runtime", "cudaLaunchKernel", 9, 1), {"ph": "s", "cat": "ac2g", "ts": 1}]}
+        x("cuda_runtime", "cudaLaunchKernel", 9, 1), x("cuda_runtime", "cudaLaunchKernel", 14, 1),
+        {"ph": "s", "cat": "ac2g", "ts": 1}]}
     out = GC.trace_breakdown(trace)
     busy = 20 + 10 + 5 + 2  # union of the device spans inside 0-100
     assert out["wall_s"] == pytest.approx(100e-6) and out["generation_s"] == pytest.approx(50e-6)
@@ -58,6 +59,7 @@ def test_trace_breakdown_by_hand():
     assert (out["copies"], out["copies_htod"], out["copies_dtoh"]) == (2, 1, 1)
     assert out["copies_gpu_s"] == pytest.approx(7e-6)
     assert out["host_wait_s"] == pytest.approx(9e-6)
+    assert out["host_launch_s"] == pytest.approx(2e-6) and out["kernels"] == 3
     assert out["device_events"] == 6  # the one outside the loop is counted, not timed
     assert out["device_time_sum_s"] == pytest.approx((10 + 15 + 10 + 5 + 2 + 10) * 1e-6)
 

@@ -84,7 +84,7 @@ PRESETS = {
         probe_steps=10, max_pretrain_steps=4000, max_base_steps=None,
         rl=dict(num_prompts=16, group_size=8, steps=8, eval_size=64, train_size=1000),
         profile_steps=3, total_s=420,
-        budget_s=dict(setup=45, pretrain=110, base=40, rl=60, nb11=90, nb30=75),
+        budget_s=dict(setup=45, pretrain=110, base=40, rl=55, nb11=85, nb30=80),
         # the gpu profiles' settings, but for these; "{base}" / "{pretrain}": the built folders
         notebooks=dict(
             nb11=dict(model_name="{base}", num_iters=20, eval_every=10, eval_size=200,
@@ -113,6 +113,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cudaMemcpy", "cudaMemcpyAsync")
 """CUDA runtime calls in which the host can wait for the GPU"""
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+"""CUDA runtime and driver calls that launch a kernel"""
 
 
 MIN_STAGE_S = 10
@@ -210,10 +212,14 @@ def trace_breakdown(trace: dict, loop: str = RL_LOOP, gen: str = RL_GEN) -> dict
               spans_intersect([(float(e["ts"]), float(e["ts"]) + float(e["dur"]))], window)]
     waits = spans_intersect(spans(lambda e: cat(e) == "cuda_runtime"
                                   and e.get("name") in SYNC_CALLS), window)
+    launches = spans_intersect(spans(lambda e: cat(e) in ("cuda_runtime", "cuda_driver")
+                                     and e.get("name") in LAUNCH_CALLS), window)
+    kernels = sum(cat(e) == "kernel" and window[0][0] <= float(e["ts"]) < window[0][1]
+                  for e in ev)
     frac = (lambda x, d: x / d if d > 0 else None) if n_device else (lambda x, d: None)
     us = 1e-6
     if not n_device:  # a CPU run: nothing on a device to count
-        copies, waits = None, None
+        copies, waits, launches, kernels = None, None, None, None
     return {
         "wall_s": wall * us, "generation_s": gen_s * us, "update_s": upd_s * us,
         "gpu_busy_s": busy * us if n_device else None,
@@ -229,6 +235,8 @@ def trace_breakdown(trace: dict, loop: str = RL_LOOP, gen: str = RL_GEN) -> dict
         sum("dtoh" in str(e.get("name", "")).lower() for e in copies),
         "copies_gpu_s": None if copies is None else sum(float(e["dur"]) for e in copies) * us,
         "host_wait_s": None if waits is None else spans_length(waits) * us,
+        "host_launch_s": None if launches is None else spans_length(launches) * us,
+        "kernels": kernels,
         "device_events": n_device,
     }
 
@@ -422,7 +430,8 @@ class Check:
         importlib.invalidate_caches()
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(site), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-        return {"wheels": len(wheels), "site": str(site), "install_s": round(time.perf_counter() - t, 1)}
+        return {"wheels": len(wheels), "site": str(site),
+                "install_s": round(time.perf_counter() - t, 1)}
 
     def seconds_per_step(self, cfg, examples, weight_decay: float) -> float:
         """The mean wall time of one ``sft.fit`` step of ``cfg`` (its model, batch and lr) on
@@ -469,7 +478,8 @@ class Check:
         losses = [loss for _, loss in meta["history"]]
         return {"path": str(path), "probe_s_per_step": s_step, "steps": steps,
                 "recipe_steps": cfg.steps, "build_s": round(time.perf_counter() - t, 2),
-                "train_s": meta.get("train_s"), "size": cfg.size, "loss_first": losses[0], "loss_last": losses[-1],
+                "train_s": meta.get("train_s"), "size": cfg.size, "loss_first": losses[0],
+                "loss_last": losses[-1],
                 "loss_finite": all(math.isfinite(x) for x in losses),
                 "batch_size": cfg.batch_size, "recipe_batch_size": recipe.batch_size,
                 # the recipe's training time at this speed, when the batch is the recipe's
@@ -604,6 +614,8 @@ class Check:
         out = trace_breakdown(json.loads(path.read_text()))
         out["steps"] = cfg.num_iters
         out["s_per_step_profiled"] = out["wall_s"] / cfg.num_iters
+        out["kernels_per_step"] = (None if out["kernels"] is None
+                                   else out["kernels"] / cfg.num_iters)
         if impl == "trl":  # TRL's generation is not labelled here: only the whole loop counts
             for k in ("generation_s", "update_s", "gpu_busy_frac_generation",
                       "gpu_busy_frac_update"):
@@ -710,6 +722,10 @@ def load_benchmark():
     return mod
 
 
+def first_line(text) -> str:
+    return (str(text).splitlines() or [""])[0]
+
+
 def fmt(x, nd=2, pct=False):
     if x is None:
         return "n/a"
@@ -731,7 +747,8 @@ def render(r: dict) -> str:
     if r.get("missing_line"):
         lines += ["", f"**{r['missing_line']}**"]
     lines += ["", f"## Stages (total budget {r['budget_total_s']} s, used {r.get('elapsed_s')} s)",
-              "", "| stage | status | budget s | wall s | CPU s | CUDA peak MiB | NVML util mean % | "
+              "", "| stage | status | budget s | wall s | CPU s | CUDA peak MiB | "
+              "NVML util mean % | "
               "device memory used max MiB | note |", "|---|---|---|---|---|---|---|---|---|"]
     for name in STAGES:
         x = st.get(name, {})
@@ -782,7 +799,9 @@ def render(r: dict) -> str:
                     ("host-device copies (HtoD / DtoH)", "copies", "copies"),
                     ("GPU time in copies, s", "copies_gpu_s", None),
                     ("GPU time summed over events (overlaps twice), s", "device_time_sum_s", None),
-                    ("host waiting on the GPU (syncs, copies), s", "host_wait_s", None)]
+                    ("host waiting on the GPU (syncs, copies), s", "host_wait_s", None),
+                    ("host launching kernels, s", "host_launch_s", None),
+                    ("kernels a step", "kernels_per_step", None)]
             d = dict(prof)
             for label, key, how in rows:
                 cells = []
@@ -807,7 +826,7 @@ def render(r: dict) -> str:
             claims = ", ".join(f"{k} {'holds' if v else 'fails' if v is not None else 'n/a'}"
                                for k, v in x.get("claims", {}).items())
             lines += ["", f"**{NOTEBOOKS[name]}** (gpu profile, overridden: {x['params']}): "
-                      f"{'ok' if x.get('ok') else 'not ok: ' + str(x.get('error'))}; "
+                      f"{'ok' if x.get('ok') else 'not ok: ' + first_line(x.get('error'))}; "
                       f"results.json {'written' if x.get('results_json') else 'missing'}"
                       + (f"; claims: {claims}" if claims else "") + "."]
     return "\n".join(lines) + "\n"
