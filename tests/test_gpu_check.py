@@ -107,6 +107,22 @@ def test_wheel_set_is_the_missing_packages_pinned():
     assert pins["trl"] == md.version("trl") and pins["pyzmq"] == md.version("pyzmq")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without one")
+def test_without_a_gpu_the_check_says_so_in_one_line(tmp_path):
+    """``--device cuda`` where torch sees no GPU: one MISSING line, every later stage skipped
+    saying why, the files written, exit status 1."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OUT="")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--out", str(tmp_path),
+                          "--wheels", str(tmp_path / "none"), "--stages", "setup,pretrain"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    missing = [line for line in res.stdout.splitlines() if line.startswith("MISSING: ")]
+    assert len(set(missing)) == 1 and "a CUDA GPU (torch" in missing[0]
+    r = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert r["stages"]["pretrain"] == {"status": "skipped", "why": "no CUDA GPU"}
+    assert "**MISSING: a CUDA GPU" in (tmp_path / "gpu_check.md").read_text()
+
+
 def test_cpu_rehearsal_end_to_end(tmp_path):
     """``gpu_check.py --device cpu``: every stage runs, and the files say something plausible."""
     out = tmp_path / "out"

@@ -571,7 +571,12 @@ class Check:
                 f"{rec[impl]['gen_tokens_per_s']:.0f} generated tokens/s")
             del model
             free_memory()
-            rec[impl]["profile"] = self.profile(impl, args, bench)
+            try:  # a profile that fails leaves the timings above and the other trainer standing
+                rec[impl]["profile"] = self.profile(impl, args, bench)
+            except StageTimeout:
+                raise
+            except Exception as e:  # noqa: BLE001 - reported in the results
+                rec[impl]["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             free_memory()
             self.write()
 
@@ -648,7 +653,8 @@ class Check:
             timed_out = True
         self.append_log(f"agentrl run {nb}", output)
         run_dir = runs / "gpu" / nb / f"seed{self.args.seed}"
-        rec = {"params": params, "returncode": proc.returncode}
+        rec = self.results["stages"][name]  # kept when the stage ran past its budget
+        rec.update(params=params, returncode=proc.returncode)
         run = run_dir / "run.json"
         if run.is_file():
             info = json.loads(run.read_text())
@@ -661,7 +667,6 @@ class Check:
             rec["claims"] = {c["id"]: c.get("holds") for c in data.get("claims", [])}
         if timed_out:
             raise StageTimeout()
-        return rec
 
     # --- output ---------------------------------------------------------------------------------
     def append_log(self, title: str, text: str):
@@ -788,6 +793,8 @@ def render(r: dict) -> str:
             ratio = o / t if o is not None and t else None
             lines.append(f"| {label} | {fmt(o, nd)} | {fmt(t, nd)} | {fmt(ratio, 2)} |")
         prof = [(k, rl[k]["profile"]) for k in ("ours", "trl") if "profile" in rl.get(k, {})]
+        lines += [f"\nThe profile of {k} failed: {rl[k]['profile_error']}" for k in ("ours", "trl")
+                  if "profile_error" in rl.get(k, {})]
         if prof:
             lines += ["", "Under torch.profiler (its overhead on the host included):", "",
                       "| | ours | TRL |", "|---|---|---|"]
