@@ -68,7 +68,7 @@ clean-runs:
 # print the carry list. gpu-check: on a CUDA machine, install those wheels offline into a temporary
 # folder, build pretrain-medium and chain-mix-medium at a budget, time and profile our GRPO loop
 # against TRL's, run notebooks 11 and 30 in their gpu profile at shorter budgets; every stage under
-# a wall-clock deadline, about 7 minutes in all; files in $OUT (or ./gpu-out). GPU_CHECK_ARGS=
+# a wall-clock deadline, 6 minutes in all; files in $OUT (or ./gpu-out). GPU_CHECK_ARGS=
 # "--device cpu" is the CPU rehearsal that tests/test_gpu_check.py runs.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=

@@ -1,7 +1,7 @@
 """The GPU path in one prepared command (issue 31): ``make gpu-check``.
 
 On a CUDA machine, one stage after another, each within a wall-clock budget that this script
-enforces and reports (``PRESETS``; the whole run ends inside ``total_s``, 7 minutes on the GPU):
+enforces and reports (``PRESETS``; the whole run ends inside ``total_s``, 6 minutes on the GPU):
 
 1. **setup**: the device named (model, memory, driver, torch, CUDA); the wheels of ``make
    gpu-wheels`` (``.gpu-wheels/``) installed offline (``pip --no-index``) into a temporary folder
@@ -83,15 +83,16 @@ PRESETS = {
         size="medium-512", batch_size=None, docs_per_corpus=2000, probe_docs=200,
         probe_steps=10, max_pretrain_steps=4000, max_base_steps=None,
         rl=dict(num_prompts=16, group_size=8, steps=8, eval_size=64, train_size=1000),
-        profile_steps=3, total_s=420,
-        budget_s=dict(setup=45, pretrain=110, base=40, rl=55, nb11=85, nb30=80),
+        # 6 minutes in all: with a machine's start (1-2 minutes), two tries fit 15 minutes
+        profile_steps=3, total_s=360,
+        budget_s=dict(setup=40, pretrain=90, base=35, rl=50, nb11=75, nb30=70),
         # the gpu profiles' settings, but for these; "{base}" / "{pretrain}": the built folders
         notebooks=dict(
             nb11=dict(model_name="{base}", num_iters=20, eval_every=10, eval_size=200,
                       num_train_problems=2000, num_noise_runs=0, sampled_k=2,
                       powered=["final_agree"]),
-            nb30=dict(sft_init="{pretrain}", num_iters=10, eval_size=64, eval_every=5,
-                      trl_steps=1, trl_tool_sft_steps=100))),
+            nb30=dict(sft_init="{pretrain}", sft_steps=600, num_iters=10, eval_size=64,
+                      eval_every=5, trl_steps=1, trl_tool_sft_steps=60))),
     "cpu": dict(
         size="tiny-64", batch_size=8, docs_per_corpus=8, probe_docs=8, probe_steps=4,
         max_pretrain_steps=8, max_base_steps=8,
