@@ -77,3 +77,21 @@ lab: setup
 
 clean-runs:
 	rm -rf runs report
+
+# The GPU path (issue 31; reproductions/gpu/). gpu-wheels: download the packages a lent GPU machine
+# lacks (TRL, datasets, papermill, nbclient, ipykernel and their needs; the versions of the lock) as
+# cp312 manylinux wheels into .gpu-wheels/, check them against the 64 MiB a device call carries, and
+# print the carry list. gpu-check: on a CUDA machine, install those wheels offline into a temporary
+# folder, build pretrain-medium and chain-mix-medium at a budget, time and profile our GRPO loop
+# against TRL's, run notebooks 11 and 30 in their gpu profile at shorter budgets; every stage under
+# a wall-clock deadline, 6 minutes in all; files in $OUT (or ./gpu-out). GPU_CHECK_ARGS=
+# "--device cpu" is the CPU rehearsal that tests/test_gpu_check.py runs.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-wheels gpu-check
+
+gpu-wheels: setup
+	$(PY) reproductions/gpu/gpu_wheels.py
+
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) reproductions/gpu/gpu_check.py $(GPU_CHECK_ARGS)
