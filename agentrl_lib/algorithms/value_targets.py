@@ -10,7 +10,8 @@ expectation sum_k p_k z_k.
 - **HL-Gauss** (``hl_gauss``): the histogram of a Gaussian N(y, sigma^2) on bins centred on the
   support points (edges halfway between them, the outer edges half a bin outside),
   p_k = Phi((e_{k+1} - y) / sigma) - Phi((e_k - y) / sigma), renormalised to the mass inside
-  [e_1, e_{K+1}]. The paper's default sigma is 0.75 bin widths.
+  [e_1, e_{K+1}] (computed in log space: a target far outside puts its mass on the nearest edge
+  bin, never a zero row). The paper's default sigma is 0.75 bin widths.
 - ``value_loss(logits_or_values, y, kind, support, sigma)``: 'mse' (the value head is a scalar:
   (v - y)^2), 'two_hot' or 'hl_gauss' (cross-entropy), averaged over the batch.
 
@@ -53,16 +54,34 @@ def two_hot(y: Tensor, support: Tensor) -> Tensor:
 
 
 def hl_gauss(y: Tensor, support: Tensor, sigma: float) -> Tensor:
-    """The HL-Gauss distribution of each target: (B,) -> (B, K) (module docstring)."""
+    """The HL-Gauss distribution of each target: (B,) -> (B, K) (module docstring), rows summing
+    to 1 for every finite target: far outside the support all the mass is on the nearest edge bin.
+
+    Computed in log space, so no bin's mass underflows to a zero row: with u = (e - y) / sigma,
+    log p_k = log(Phi(u_{k+1}) - Phi(u_k)) from ``log_ndtr`` (log Phi, exact in the lower tail),
+    as log Phi(b) + log(1 - exp(log Phi(a) - log Phi(b))) for a bin below the target's middle and
+    the same of (-b, -a) above it (Phi(b) - Phi(a) = Phi(-a) - Phi(-b)), so neither side differences
+    two numbers near 1; then a softmax over k (the renormalisation). The plain difference of
+    ``0.5 * (1 + erf(.))`` gave an all-zero row beyond about 8 sigma of the outer edge.
+
+    >>> hl_gauss(torch.tensor([1e6]), torch.tensor([0.0, 1.0, 2.0]), 0.75).tolist()
+    [[0.0, 0.0, 1.0]]
+    """
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     z = support.to(torch.float64)
     mid = (z[1:] + z[:-1]) / 2
     edges = torch.cat([z[:1] - (z[1] - z[0]) / 2, mid, z[-1:] + (z[-1] - z[-2]) / 2])  # (K+1,)
     y = y.to(torch.float64)[:, None]  # (B, 1)
-    cdf = 0.5 * (1 + torch.erf((edges[None, :] - y) / (sigma * math.sqrt(2))))  # (B, K+1)
-    mass = cdf[:, 1:] - cdf[:, :-1]  # (B, K)
-    return mass / mass.sum(1, keepdim=True).clamp_min(1e-300)
+    if not torch.isfinite(y).all():
+        raise ValueError("hl_gauss needs finite targets")
+    u = (edges[None, :] - y) / sigma  # (B, K+1)
+    lo, hi = u[:, :-1], u[:, 1:]  # each bin's standardised edges (B, K)
+    above = (lo + hi) > 0  # the bin's middle is above the target: use the mirrored tail
+    a, b = torch.where(above, -hi, lo), torch.where(above, -lo, hi)  # a < b, Phi(b) - Phi(a) same
+    log_b, log_a = torch.special.log_ndtr(b), torch.special.log_ndtr(a)
+    log_mass = log_b + torch.log1p(-torch.exp(log_a - log_b))  # (B, K)
+    return torch.softmax(log_mass, dim=1)
 
 
 def expectation(probs: Tensor, support: Tensor) -> Tensor:

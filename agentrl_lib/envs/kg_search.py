@@ -61,6 +61,13 @@ _VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
 _CODAS = ["", "n", "r", "l", "s", "m"]
 _CALL = re.compile(r"^\s*([a-z_]+)\s*\((.*)\)\s*$", re.S)
 _WORD = re.compile(r"\w+")
+MAX_QUERY_WORDS = 128
+"""the most words a ``search`` call may have (a longer query is an invalid call): FTS5's OR query
+costs about the square of its repeated words (1000 x "mentor of" took 12 s on the 200-entity world,
+within ``protocol.MAX_ACTION_CHARS``); above what an agent of ``max_new_tokens`` <= 100 writes"""
+MAX_DOC_DIGITS = 18
+"""the most digits of a document id ``open`` reads (SQLite's integers are 64-bit: a longer id is no
+document, an invalid call, never an OverflowError)"""
 
 
 def make_names(n: int, seed: int, syllables=(2, 3)) -> list[str]:
@@ -191,6 +198,10 @@ class SearchIndex:
         return [(int(i), self.titles[i]) for (i,) in rows]
 
     def get(self, doc_id: int) -> tuple[str, str] | None:
+        """(title, body) of a document; None for an id outside 0 .. size - 1 (never reaching
+        SQLite, whose integers are 64-bit)."""
+        if not 0 <= doc_id < self.size:
+            return None
         row = self.db.execute("SELECT body FROM bodies WHERE rowid = ?", (int(doc_id),)).fetchone()
         return None if row is None else (self.titles[int(doc_id)], row[0])
 
@@ -230,8 +241,9 @@ class KGSearchEnv:
     ## Actions
     Text tool calls, one per turn: ``search(words)`` (top ``top_k`` titles with document ids),
     ``open(d12)`` (the document's text), ``answer(name)``. A malformed call (unknown tool, no
-    parentheses, an unknown document, an empty argument) is invalid: an error observation, the state
-    unchanged, the turn used.
+    parentheses, an unknown document, an empty argument, a query of more than ``MAX_QUERY_WORDS``
+    words, a non-string or a text over ``protocol.MAX_ACTION_CHARS``) is invalid: an error
+    observation, the state unchanged, the turn used.
 
     ## Observations
     ``Question: ...`` at reset; then ``Results: [d3] Title | ...`` (or "Results: none."), the opened
@@ -348,6 +360,9 @@ class KGSearchEnv:
             return None, None, f"unknown tool {tool!r}: use search, open or answer"
         if not arg:
             return None, None, f"{tool}() needs an argument"
+        if tool == "search" and len(_WORD.findall(arg)) > MAX_QUERY_WORDS:
+            return None, None, (f"search() takes at most {MAX_QUERY_WORDS} words, got "
+                                f"{len(_WORD.findall(arg))}")
         return tool, arg, None
 
     def step(self, action_text: str):
@@ -361,7 +376,8 @@ class KGSearchEnv:
         if error is None and tool == "open":
             m = re.fullmatch(r"d?(\d+)", arg.lower())
             # an id past SQLite's 64-bit integers overflows it: no such document either way
-            doc = None if m is None or len(m.group(1)) > 18 else self.index.get(int(m.group(1)))
+            doc = (None if m is None or len(m.group(1).lstrip("0")) > MAX_DOC_DIGITS
+                   else self.index.get(int(m.group(1))))
             if doc is None:
                 error = f"no document {arg!r}: open an id from the search results, e.g. open(d3)"
         if error is not None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from agentrl_lib.envs import sandbox, stack_lang
 from agentrl_lib.envs.stack_lang import StackError
+from agentrl_lib.rewards.verifiable import check_columns
 
 _STRAIGHT = [t for t in stack_lang.TOKENS if t != "rep"]
 _REWRITES = [("2 mul", "dup add"), ("1 add", "inc"), ("1 sub", "dec"), ("0 swap sub", "neg"),
@@ -167,6 +168,7 @@ def program_reward(completions, tests, sandbox: bool = True, **kwargs) -> list[f
     """1.0 when the completion (a program) passes every unit test of its task, else 0.0: the binary
     test reward of B-Coder, in TRL's reward signature (``tests`` is the data set's column of
     ``task(seed)["tests"]``). A model writes these programs, so they run in the sandbox by default."""
+    check_columns("program_reward", completions=completions, tests=tests)
     judge = ProgramSynthTask()
     out = []
     for c, t in zip(completions, tests):

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentrl_lib.rewards.verifiable import check_columns
 from agentrl_lib.utils import fit_pairs
 
 Tensor = torch.Tensor
@@ -113,6 +114,7 @@ def lm_reward_model(source, seed: int = 0):
 
 def chat_texts(tokenizer, prompts: list[str], completions: list[str]) -> list[str]:
     """chat(prompt) + completion + end-of-turn: the text a sequence reward is computed on."""
+    check_columns("chat_texts", completions=completions, prompts=prompts)
     return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=False) + c + tokenizer.eos_token
             for p, c in zip(prompts, completions)]
@@ -157,6 +159,7 @@ def index_pair_rewards(model, chosen: Tensor, rejected: Tensor):
 
 def lm_pair_rewards(rm, tokenizer, chosen_texts: list[str], rejected_texts: list[str]):
     """``pair_rewards`` of a sequence reward model over (chosen, rejected) texts (``chat_texts``)."""
+    check_columns("lm_pair_rewards", chosen_texts=chosen_texts, rejected_texts=rejected_texts)
     def pair_rewards(idx: Tensor):
         i = idx.tolist()
         both = lm_rewards(rm, tokenizer, [chosen_texts[k] for k in i] + [rejected_texts[k] for k in i])

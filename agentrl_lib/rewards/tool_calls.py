@@ -12,8 +12,9 @@ the given order, values as ``"..."`` strings), so ``parse_call(format_call(n, a)
 
 **The arithmetic evaluator** ``safe_eval`` walks the ``ast`` of an expression with a whitelist of
 node types (numbers, + - * / // % **, unary +/-, parentheses) and bounds everything a hostile
-argument could blow up: the text length, the nesting depth, every intermediate value's size, the
-exponent of ``**`` and the wall clock. ``9**9**9`` therefore ends in microseconds with an error.
+argument could blow up by the work it allows, never by the clock (a verdict must not depend on the
+machine's load): the text length, the nesting depth, the number of operations, every intermediate
+value's size, the exponent of ``**``. ``9**9**9`` therefore ends in microseconds with an error.
 
 **The rewards** (TRL's signature, as ``rewards.verifiable``): ``completions`` and the reference
 ``gold_call`` (the canonical text of the expected call) per row.
@@ -32,7 +33,8 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import time
+
+from agentrl_lib.rewards.verifiable import check_columns
 
 MAX_CALL_CHARS = 1000
 """longest call text ``parse_call`` reads (a longer one is an error, before any parsing)"""
@@ -67,6 +69,7 @@ def parse_call(text: str, max_chars: int = MAX_CALL_CHARS) -> tuple[str, dict]:
         raise ValueError("malformed tool call: not a call name(arg=\"value\")")
     if not isinstance(node.func, ast.Name):
         raise ValueError("malformed tool call: the tool must be a plain name")
+    _check_written(src, node.func, node.func.id)
     if node.args:
         raise ValueError("malformed tool call: positional arguments are not allowed (use name=\"value\")")
     args: dict = {}
@@ -75,6 +78,7 @@ def parse_call(text: str, max_chars: int = MAX_CALL_CHARS) -> tuple[str, dict]:
             raise ValueError("malformed tool call: **kwargs are not allowed")
         if kw.arg in args:
             raise ValueError(f"malformed tool call: argument {kw.arg!r} repeated")
+        _check_written(src, kw, kw.arg)
         v = kw.value
         if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) \
                 and isinstance(v.operand, ast.Constant) and type(v.operand.value) is int:
@@ -85,6 +89,17 @@ def parse_call(text: str, max_chars: int = MAX_CALL_CHARS) -> tuple[str, dict]:
             raise ValueError(f"malformed tool call: the value of {kw.arg!r} must be a string or "
                              "integer literal")
     return node.func.id, args
+
+
+def _check_written(src: str, node, name: str) -> None:
+    """ValueError unless ``name`` (a tool or argument name) is written in ``src`` exactly as Python
+    reads it: Python NFKC-normalises identifiers, so ``ｃａｌｃ`` would read as ``calc`` and a
+    different text would score as the exact call."""
+    written = ast.get_source_segment(src, node) or ""
+    if not written.startswith(name) or written[len(name):len(name) + 1].isidentifier():
+        shown = written.split("(")[0].split("=")[0].strip()[:40]
+        raise ValueError(f"malformed tool call: the name {shown!r} is not {name!r} as written "
+                         "(Python's NFKC would read it so)")
 
 
 def format_call(name: str, args: dict) -> str:
@@ -98,8 +113,9 @@ def format_call(name: str, args: dict) -> str:
 
 
 def canonical_args(args: dict) -> dict:
-    """Values as stripped strings (so ``a=2`` and ``a="2"`` are the same value)."""
-    return {k: str(v).strip() for k, v in args.items()}
+    """Values as strings stripped of ASCII whitespace (so ``a=2`` and ``a=" 2"`` are the same
+    value); nothing else is normalised: a full-width or otherwise different text differs."""
+    return {k: str(v).strip(" \t\n\r\f\v") for k, v in args.items()}
 
 
 # --- the arithmetic evaluator -------------------------------------------------------------------
@@ -108,14 +124,22 @@ _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Pow: operator.pow}
 
 
+_GROUP = {ast.Add: 1, ast.Sub: 1, ast.Mult: 2, ast.Div: 2, ast.FloorDiv: 2, ast.Mod: 2}
+"""the left-associative precedence levels: a chain ``a + b - c`` (or ``a * b / c``) is one level"""
+
+
 def safe_eval(expression: str, max_chars: int = 200, max_depth: int = 32, max_abs: float = 1e15,
-              max_exponent: int = 64, max_seconds: float = 0.05):
+              max_exponent: int = 64, max_ops: int = 256):
     """The value of an arithmetic expression over int/float literals, + - * / // % ** and unary
-    +/-, or a ValueError naming the problem. Bounds: ``len(expression) <= max_chars``; the syntax
-    tree at most ``max_depth`` deep; every intermediate |value| <= ``max_abs``; an exponent at most
-    ``max_exponent`` in size (and checked by logarithms *before* the power is computed); at most
-    ``max_seconds`` of wall clock (checked at every node). Integer results stay ints; a float
-    result that is integral is returned as an int (``6/3 -> 2``).
+    +/-, or a ValueError naming the problem. Bounds, each on the work, never on the clock (so the
+    value does not depend on the machine's load): ``len(expression) <= max_chars``; sub-expressions
+    nested at most ``max_depth`` deep (a chain ``a + b - c + ...`` or ``a * b / c ...`` of one
+    precedence level, which needs no parentheses, is one level however long); at most ``max_ops``
+    syntax-tree nodes evaluated (never binding below ``max_chars = 200``: it bounds a caller who
+    raises that); every intermediate |value| <= ``max_abs`` (so each operation costs O(1)); an
+    exponent at most ``max_exponent`` in size (and checked by logarithms *before* the power is
+    computed). Integer results stay ints; a float result that is integral is returned as an int
+    (``6/3 -> 2``).
 
     >>> safe_eval("(3+4)*2-1"), safe_eval("2**10"), safe_eval("7/2")
     (13, 1024, 3.5)
@@ -128,11 +152,14 @@ def safe_eval(expression: str, max_chars: int = 200, max_depth: int = 32, max_ab
         raise ValueError(f"bad expression: expected a string, got {type(expression).__name__}")
     if len(expression) > max_chars:
         raise ValueError(f"bad expression: {len(expression)} characters (limit {max_chars})")
-    deadline = time.perf_counter() + max_seconds
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        if not isinstance(e, (SyntaxError, ValueError)) or "too many nested" in str(e):
+            # the parser's own stack or its 200 parentheses: only deep nesting gets there
+            raise ValueError(f"bad expression: nested deeper than {max_depth}") from None
         raise ValueError(f"bad expression: not arithmetic: {expression[:40]!r}") from None
+    ops = 0
 
     def check(x):
         if isinstance(x, float) and not math.isfinite(x):
@@ -141,11 +168,31 @@ def safe_eval(expression: str, max_chars: int = 200, max_depth: int = 32, max_ab
             raise ValueError(f"bad expression: a value exceeds {max_abs:g} in size")
         return x
 
+    def apply(op, a, b):
+        if isinstance(op, ast.Pow):
+            if abs(b) > max_exponent:
+                raise ValueError(f"bad expression: exponent {b} too large (limit {max_exponent})")
+            if a == 0 and b < 0:
+                raise ValueError("bad expression: division by zero")
+            if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) > math.log10(max_abs):
+                raise ValueError(f"bad expression: a value exceeds {max_abs:g} in size")
+        elif isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
+            raise ValueError("bad expression: division by zero")
+        try:
+            out = _BIN[type(op)](a, b)
+        except (OverflowError, ZeroDivisionError, TypeError) as e:
+            raise ValueError(f"bad expression: {e}") from None
+        if isinstance(out, complex):
+            raise ValueError("bad expression: not a real number")
+        return check(out)
+
     def ev(node, depth):
+        nonlocal ops
         if depth > max_depth:
             raise ValueError(f"bad expression: nested deeper than {max_depth}")
-        if time.perf_counter() > deadline:
-            raise ValueError(f"bad expression: took longer than {max_seconds} s")
+        ops += 1
+        if ops > max_ops:
+            raise ValueError(f"bad expression: more than {max_ops} operations")
         if isinstance(node, ast.Expression):
             return ev(node.body, depth + 1)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
@@ -154,28 +201,21 @@ def safe_eval(expression: str, max_chars: int = 200, max_depth: int = 32, max_ab
             v = ev(node.operand, depth + 1)
             return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
-            a, b = ev(node.left, depth + 1), ev(node.right, depth + 1)
-            if isinstance(node.op, ast.Pow):
-                if abs(b) > max_exponent:
-                    raise ValueError(f"bad expression: exponent {b} too large (limit {max_exponent})")
-                if a == 0 and b < 0:
-                    raise ValueError("bad expression: division by zero")
-                if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) > math.log10(max_abs):
-                    raise ValueError(f"bad expression: a value exceeds {max_abs:g} in size")
-            elif isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
-                raise ValueError("bad expression: division by zero")
-            try:
-                out = _BIN[type(node.op)](a, b)
-            except (OverflowError, ZeroDivisionError, TypeError) as e:
-                raise ValueError(f"bad expression: {e}") from None
-            if isinstance(out, complex):
-                raise ValueError("bad expression: not a real number")
-            return check(out)
+            chain = [node]  # a + b - c parses as ((a + b) - c): walk the left spine, no recursion
+            group = _GROUP.get(type(node.op))
+            while (group is not None and isinstance(chain[-1].left, ast.BinOp)
+                   and _GROUP.get(type(chain[-1].left.op)) == group):
+                chain.append(chain[-1].left)
+                ops += 1
+            value = ev(chain[-1].left, depth + 1)
+            for link in reversed(chain):
+                value = apply(link.op, value, ev(link.right, depth + 1))
+            return value
         raise ValueError(f"bad expression: {type(node).__name__} is not allowed")
 
     try:
         value = ev(tree, 0)
-    except RecursionError:
+    except RecursionError:  # only with max_depth above Python's own recursion limit
         raise ValueError(f"bad expression: nested deeper than {max_depth}") from None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -227,6 +267,7 @@ def toolrl_reward(completions, gold_call, **kwargs) -> list[float]:
     ...               gold_call=['calc(expression="3*4")'] * 3)
     [4.0, 0.0, -3.0]
     """
+    check_columns("toolrl_reward", completions=completions, gold_call=gold_call)
     out = []
     for c, g in zip(completions, gold_call):
         m = call_match(_completion_text(c), g)
@@ -245,6 +286,7 @@ def exact_match_reward(completions, gold_call, **kwargs) -> list[float]:
     ...                    gold_call=['calc(expression="3*4")'] * 3)
     [4.0, -2.0, -3.0]
     """
+    check_columns("exact_match_reward", completions=completions, gold_call=gold_call)
     out = []
     for c, g in zip(completions, gold_call):
         m = call_match(_completion_text(c), g)

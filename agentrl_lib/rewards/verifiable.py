@@ -4,7 +4,14 @@
 conversations (lists of ``{"role", "content"}`` dicts, TRL's conversational format, whose last
 message is scored); every other column of the data set (``answer``, ``numbers``, ...) arrives as a
 keyword list aligned with ``completions``. The same functions therefore plug into our loops and
-into ``trl.GRPOTrainer(reward_funcs=[...])`` unchanged.
+into ``trl.GRPOTrainer(reward_funcs=[...])`` unchanged. A column whose length differs from
+``completions`` is a ValueError naming the lengths (``check_columns``), never a silently shorter
+list of rewards.
+
+**What is read as an answer** is exactly what the docstrings say, in ASCII: digits are ``0-9``
+(Python's ``int`` would also read full-width or Arabic-Indic digits, so a different string would
+score as the exact answer), and the integer is compared as text, so no completion is too long to
+read (``int`` refuses more than 4300 digits).
 """
 
 from __future__ import annotations
@@ -13,8 +20,23 @@ import ast
 import operator
 import re
 
-_ANSWER = re.compile(r"answer\s*(-?\d+)\s*$")
-_INT = re.compile(r"^\s*(-?\d+)\s*$")
+_ANSWER = re.compile(r"answer\s*(-?[0-9]+)\s*$")
+_INT = re.compile(r"^\s*(-?[0-9]+)\s*$")
+
+
+def check_columns(fn_name: str, **columns) -> None:
+    """ValueError unless every column has as many entries as the first (``zip`` would silently
+    drop the rest); the message names the function and the lengths.
+
+    >>> check_columns("correctness_reward", completions=["1", "2"], answer=["1"])
+    Traceback (most recent call last):
+    ...
+    ValueError: correctness_reward: completions has 2 entries but answer has 1
+    """
+    (first, ref), *rest = columns.items()
+    bad = [f"{k} has {len(v)}" for k, v in rest if len(v) != len(ref)]
+    if bad:
+        raise ValueError(f"{fn_name}: {first} has {len(ref)} entries but {', '.join(bad)}")
 
 
 def eval_expression(expr: str) -> int:
@@ -29,8 +51,8 @@ def eval_expression(expr: str) -> int:
     """
     try:
         tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"not an arithmetic expression: {expr!r}") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ValueError(f"not an arithmetic expression: {expr[:40]!r}") from None
     bin_ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
     def ev(node):
@@ -42,9 +64,12 @@ def eval_expression(expr: str) -> int:
             return bin_ops[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
-        raise ValueError(f"not an arithmetic expression: {expr!r}")
+        raise ValueError(f"not an arithmetic expression: {expr[:40]!r}")
 
-    return ev(tree)
+    try:
+        return ev(tree)
+    except RecursionError:  # a chain of thousands of terms
+        raise ValueError(f"not an arithmetic expression: {expr[:40]!r} (nested too deep)") from None
 
 
 def _text(c) -> str:
@@ -64,8 +89,9 @@ def extract_answer(text: str) -> str | None:
     """
     for pattern in (_INT, _ANSWER):
         m = pattern.search(text.strip())
-        if m:
-            return str(int(m.group(1)))
+        if m:  # int's normal form as text: no leading zeros, no "-0"
+            digits = m.group(1).lstrip("-").lstrip("0") or "0"
+            return digits if digits == "0" or not m.group(1).startswith("-") else "-" + digits
     return None
 
 
@@ -77,6 +103,7 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
     >>> correctness_reward([[{"role": "assistant", "content": "7"}]], answer=["7"])
     [1.0]
     """
+    check_columns("correctness_reward", completions=completions, answer=answer)
     return [float(extract_answer(_text(c)) == str(a)) for c, a in zip(completions, answer)]
 
 
@@ -96,6 +123,7 @@ def partial_credit_reward(completions, answer, **kwargs) -> list[float]:
     >>> partial_credit_reward(["123", "124", "23", "x"], answer=["123"] * 4)
     [1.0, 0.6666666666666666, 0.6666666666666666, 0.0]
     """
+    check_columns("partial_credit_reward", completions=completions, answer=answer)
     out = []
     for c, a in zip(completions, answer):
         got, ref = extract_answer(_text(c)), str(a)
@@ -116,12 +144,14 @@ def countdown_reward(completions, numbers, answer, **kwargs) -> list[float]:
     ...                  answer=["14"] * 4)
     [1.0, 0.0, 0.0, 0.0]
     """
+    check_columns("countdown_reward", completions=completions, numbers=numbers, answer=answer)
     out = []
     for c, nums, a in zip(completions, numbers, answer):
         text = _text(c).strip()
-        used = [int(x) for x in re.findall(r"\d+", text)]
+        found = re.findall(r"[0-9]+", text)
+        used = [int(x) for x in found if len(x) <= 18]  # a longer literal is in no pool
         pool = list(nums)
-        ok = True
+        ok = len(used) == len(found)
         for u in used:
             if u in pool:
                 pool.remove(u)
@@ -143,6 +173,7 @@ def chain_step_reward(completions, steps, values, **kwargs) -> list[float]:
     ...                   steps=[["+4", "*2"]] * 2, values=[[3, 7, 14]] * 2)
     [1.0, 0.3333333333333333]
     """
+    check_columns("chain_step_reward", completions=completions, steps=steps, values=values)
     out = []
     for c, st, vals in zip(completions, steps, values):
         lines = _text(c).strip().split("\n")
