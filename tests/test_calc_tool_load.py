@@ -1,7 +1,6 @@
 """CalcToolEnv's calculator does not depend on the wall clock (the machine's load)."""
 import itertools
-
-import pytest
+import time
 
 from agentrl_lib.envs import calc_tool
 from agentrl_lib.rewards import tool_calls
@@ -10,9 +9,9 @@ from agentrl_lib.rewards import tool_calls
 def test_calc_tool_ignores_a_slow_clock(monkeypatch):
     # a clock that jumps one second at every reading: a descheduled process, seen from safe_eval
     ticks = itertools.count()
-    monkeypatch.setattr(tool_calls.time, "perf_counter", lambda: float(next(ticks)))
-    with pytest.raises(ValueError, match="took longer"):
-        tool_calls.safe_eval("7*4")  # the evaluator's own default keeps its deadline
+    for name in ("perf_counter", "monotonic", "time"):
+        monkeypatch.setattr(time, name, lambda: float(next(ticks)))
+    assert tool_calls.safe_eval("7*4") == 28  # the evaluator bounds its work, not the clock
     assert calc_tool.run_tool("calc", {"expression": "7*4"}) == ("28", None)
     env = calc_tool.CalcToolEnv(templates=("order",))
     env.reset(seed=0)
