@@ -82,6 +82,8 @@ def cmd_run(args) -> int:
         for s in seeds:
             resolve_params(info, args.profile, s, args.param)
     runs_root = Path(args.runs) if args.runs else root / "runs"
+    if args.report_to:
+        os.environ["AGENTRL_REPORT_TO"] = args.report_to  # the kernels inherit it (tblog)
     outcomes = []
     total = len(infos) * len(seeds)
     for info in infos:
@@ -280,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
     p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
                    help="fail a run whose cell runs longer than S seconds (0: no limit)")
+    p.add_argument("--report-to", choices=("none", "tensorboard"),
+                   help="copy the training loops' rows to TensorBoard, in <run>/tensorboard "
+                        "(sets AGENTRL_REPORT_TO for the notebook; metrics.jsonl is unchanged)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("reproduce", help="sweep notebooks over seeds (and a grid), in parallel, "
                        "resumable: a second call runs only what is missing")
