@@ -151,7 +151,8 @@ def cmd_report(args) -> int:
     if not runs.is_dir():
         raise PipelineError(f"no runs folder at {runs}; run `agentrl run` first")
     info = build_report(runs, out, notebooks=not args.no_notebooks,
-                        fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv")
+                        fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv",
+                        repro_root=root / "reproductions")
     print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs, "
           f"{info['notebooks']} executed notebooks linked")
     print(f"report: {info['html'].resolve()}\nsummary: {info['markdown'].resolve()}")

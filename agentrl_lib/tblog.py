@@ -64,7 +64,8 @@ def episodes_markdown(episodes, num_episodes: int = 4) -> str:
         end = "truncated" if ep.truncated else "ended by the task"
         lines = [f"**episode {i}** (group {ep.group_id}, return {sum(ep.rewards):.4g}, "
                  f"{len(ep)} turns, {end})", "",
-                 "| turn | observation | action | reward | valid |", "| --- | --- | --- | --- | --- |"]
+                 "| turn | observation | action | reward | valid |",
+                 "| --- | --- | --- | --- | --- |"]
         lines += [f"| {t} | {_cell(o)} | {_cell(a)} | {r:.4g} | {v} |" for t, (o, a, r, v) in
                   enumerate(zip(ep.observations, ep.actions, ep.rewards, ep.valid))]
         parts.append("\n".join(lines))
