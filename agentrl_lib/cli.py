@@ -5,6 +5,7 @@
     agentrl run NOTEBOOK [NOTEBOOK ...] --profile {ci,cpu,gpu} --seed S [--seed S ...] [-p NAME VALUE ...]
     agentrl reproduce NOTEBOOK --profile P --seeds 0-4 [--grid FILE] [--jobs N] [--backend local|ray]
     agentrl report [--runs runs] [--out report]
+    agentrl serve ENV [--port 8000] [--kwargs JSON]   an agent environment as an OpenEnv server
     agentrl cache [NAME ... | --shipped] [--ship]  build the cached SFT bases (agentrl-sft/<name>)
     agentrl new NN_name --module M --family F   a new paper's notebook, module, test, profiles
     agentrl compare RUNS_BEFORE RUNS_AFTER [--rtol R]   which results.json numbers changed
@@ -123,6 +124,8 @@ def cmd_run(args) -> int:
         for s in seeds:
             resolve_params(info, args.profile, s, args.param)
     runs_root = _runs_folder(args.runs, root, write=True)
+    if args.report_to:
+        os.environ["AGENTRL_REPORT_TO"] = args.report_to  # the kernels inherit it (tblog)
     outcomes = []
     total = len(infos) * len(seeds)
     for info in infos:
@@ -177,6 +180,20 @@ def cmd_reproduce(args) -> int:
     return 1 if out["failed"] or _SKIPPED else 0
 
 
+def cmd_serve(args) -> int:
+    import json
+
+    from agentrl_lib.envs import make_agent_env
+    from agentrl_lib.envs.openenv_bridge import serve
+
+    kwargs = json.loads(args.kwargs)
+    make_agent_env(args.env, **kwargs)  # a bad name or argument fails here, before serving
+    print(f"serving {args.env} as an OpenEnv environment at ws://{args.host}:{args.port}/ws",
+          flush=True)
+    serve(lambda: make_agent_env(args.env, **kwargs), args.host, args.port, args.max_sessions)
+    return 0
+
+
 def cmd_report(args) -> int:
     from agentrl_lib.pipeline.report import build_report
 
@@ -196,7 +213,8 @@ def cmd_report(args) -> int:
     if out.exists() and not out.is_dir():
         raise PipelineError(f"--out {out}: is a file, not a folder")
     info = build_report(runs, out, notebooks=not args.no_notebooks,
-                        fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv")
+                        fidelity_csv=root / "reproductions" / "fidelity" / "counts.csv",
+                        repro_root=root / "reproductions")
     for b in info["invalid"]:
         print(f"invalid: {b['path']} {b['problem']} (not counted; run it again)")
     print(f"{info['results']} results, {info['rows']} claim rows, {info['failures']} failed runs, "
@@ -334,7 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
     p.add_argument("--cell-timeout", type=int, default=3600, metavar="S",
                    help="fail a run whose cell runs longer than S seconds (0: no limit)")
+    p.add_argument("--report-to", choices=("none", "tensorboard"),
+                   help="copy the training loops' rows to TensorBoard, in <run>/tensorboard "
+                        "(sets AGENTRL_REPORT_TO for the notebook; metrics.jsonl is unchanged)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("serve", help="serve an agent environment as an OpenEnv environment "
+                       "(WebSocket sessions at /ws; needs agentrl[openenv])")
+    p.add_argument("env", help="a name of envs.AGENT_ENVS (grid, shop, kg_search, ...)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-sessions", type=int, default=64,
+                   help="episodes running at once (one WebSocket session each)")
+    p.add_argument("--kwargs", default="{}", help="the environment's arguments, as JSON")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("reproduce", help="sweep notebooks over seeds (and a grid), in parallel, "
                        "resumable: a second call runs only what is missing")
     p.add_argument("notebook", nargs="+", help="notebook stem, unique prefix, or 'all'")

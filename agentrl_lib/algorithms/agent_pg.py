@@ -91,6 +91,11 @@ class AgentPGConfig:
     """updates between evaluations (``loop.run``)"""
     seed: int = 0
     """seed of the task draws (the policy has its own rng)"""
+    report_to: str | None = None
+    """'tensorboard' copies the logged rows to TensorBoard (``tblog``), 'none' does not; None:
+    ``$AGENTRL_REPORT_TO`` (``agentrl run --report-to``), else 'none'. As TRL's ``report_to``"""
+    logging_dir: str | None = None
+    """TensorBoard's folder; None: ``$AGENTRL_RUN_DIR/tensorboard``, else ``runs/tensorboard``"""
 
     def __post_init__(self):
         if self.estimator not in TURN_ESTIMATORS:
@@ -226,7 +231,8 @@ def train(make_env, policy, cfg: AgentPGConfig, train_seeds, credit_fn=None, eva
 
     return loop.run(policy, episode_sampler(make_env, cfg, train_seeds), update_fn, cfg.num_iters,
                     evaluate=evaluate, eval_every=cfg.eval_every, initial_eval=initial_eval,
-                    start={"episodes": 0}, logger=logger, on_step=on_step, desc="agent_pg")
+                    start={"episodes": 0}, logger=logger, on_step=on_step, desc="agent_pg",
+                    report_to=cfg.report_to, logging_dir=cfg.logging_dir)
 
 
 def evaluate(make_env, policy, seeds, greedy: bool = True, max_turns: int | None = None) -> dict:

@@ -173,6 +173,11 @@ class GRPOConfig:
     critic_lr: float = 0.5
     """multi-turn 'turn_gae', 'hiper': step of the tabular critic toward the returns-to-go
     (``lm_credit``, ``credit.fit_critic``)"""
+    report_to: str | None = None
+    """'tensorboard' copies the logged rows to TensorBoard (``tblog``), 'none' does not; None:
+    ``$AGENTRL_REPORT_TO`` (``agentrl run --report-to``), else 'none'. As TRL's ``report_to``"""
+    logging_dir: str | None = None
+    """TensorBoard's folder; None: ``$AGENTRL_RUN_DIR/tensorboard``, else ``runs/tensorboard``"""
     seed: int = 0
     """seeds the prompt draws and the sampling"""
 
@@ -539,7 +544,8 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
 
     return loop.run(model, sample, update_fn, cfg.num_iters, evaluate=evaluate,
                     eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
-                    on_step=on_step)
+                    on_step=on_step, desc="grpo", report_to=cfg.report_to,
+                    logging_dir=cfg.logging_dir)
 
 
 # --- evaluation ------------------------------------------------------------------------------------

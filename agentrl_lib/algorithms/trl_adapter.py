@@ -53,6 +53,7 @@ from dataclasses import fields
 
 from transformers import TrainerCallback
 
+from agentrl_lib import tblog
 from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.algorithms.sft import fit, masked_nll, scripted_policy
 from agentrl_lib.algorithms.turn_credit import TURN_ESTIMATORS
@@ -82,10 +83,11 @@ MAPPED = {"estimator": "scale_rewards", "loss_agg": "loss_type", "clip_eps": "ep
           "num_epochs": "num_iterations", "lr": "learning_rate",
           "max_new_tokens": "max_completion_length", "temperature": "temperature",
           "max_grad_norm": "max_grad_norm", "seed": "seed",
-          "overlong_filter": "mask_truncated_completions"}
+          "overlong_filter": "mask_truncated_completions", "report_to": "report_to"}
 # Fields of the loop around the update, not of the update: the eval callback takes eval_every;
-# make_env_trainer turns max_turns into max_tool_calling_iterations = max_turns - 1.
-LOOP_ONLY = ("eval_every", "max_turns")
+# make_env_trainer turns max_turns into max_tool_calling_iterations = max_turns - 1; TRL's
+# TensorBoard callback writes under output_dir (or $TENSORBOARD_LOGGING_DIR), not logging_dir.
+LOOP_ONLY = ("eval_every", "max_turns", "logging_dir")
 
 
 def check_supported(cfg: GRPOConfig) -> None:
@@ -133,9 +135,11 @@ def to_trl_config(cfg: GRPOConfig, output_dir: str, device: str = "cpu", **overr
         # sampling: plain temperature sampling, as rollout.generate
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, top_k=0,
         use_vllm=False, seed=cfg.seed, data_seed=cfg.seed,
-        # numerics and plumbing: fp32 like our loop, no checkpointing, nothing written or reported
+        # numerics and plumbing: fp32 like our loop, no checkpointing, nothing written; reported
+        # to TensorBoard only when asked (tblog)
         bf16=False, fp16=False, activation_checkpointing=False, use_cpu=(device == "cpu"),
-        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        report_to=tblog.resolve_report_to(cfg.report_to), save_strategy="no", logging_steps=1,
+        disable_tqdm=True,
         dataloader_num_workers=0, dataloader_pin_memory=False, remove_unused_columns=False,
         log_completions=False,
     )
@@ -163,7 +167,8 @@ def from_trl_config(args, eval_every: int = GRPOConfig.eval_every,
         max_new_tokens=args.max_completion_length, temperature=args.temperature,
         max_grad_norm=args.max_grad_norm, seed=args.seed,
         overlong_filter=args.mask_truncated_completions, eval_every=eval_every,
-        max_turns=max_turns, **TRL_FIXED)
+        max_turns=max_turns, report_to="tensorboard" if "tensorboard" in args.report_to else None,
+        **TRL_FIXED)
 
 
 def to_dataset(problems: list[dict], conversational: bool = True):

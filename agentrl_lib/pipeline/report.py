@@ -656,6 +656,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 invalid: list[dict] | None = None) -> str:
     """The report page; ``fidelity`` ({notebook: counts.csv row}) adds a line under each
     notebook's heading and a table of every notebook's counts at the end."""
+    from agentrl_lib.pipeline import reference
+
     e = html.escape
     curve_rows = curve_rows or []
     executed = executed or {}
@@ -693,6 +695,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 else e(first["paper"] or ""))
         parts.append(f"<h2 id='{e(nb)}'>{e(first['title'])}</h2><p>{e(nb)} · paper: {link}</p>"
                      "<ul>")
+        if first.get("origin") == "reference":
+            parts.append(f"<li class='mixed'>{e(REFERENCE_ONLY)}</li>")
         if nb in fidelity:
             parts.append(f"<li>{e(fidelity_line(fidelity[nb]))}</li>")
         for profile in sorted({r["profile"] for r in nb_rows}):
@@ -707,7 +711,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                      "<th>ours</th><th>baseline</th><th>paper</th><th>negative control</th>"
                      "<th>seeds</th><th>device</th><th>wall s</th><th>verdict (every seed)</th>"
                      "<th>on the seed mean</th><th>ours; diff [95% CI]</th>"
-                     "<th>with confidence</th></tr>")
+                     "<th>with confidence</th>" + ("<th>reference (committed): agrees?</th>"
+                                                   if "agreement" in first else "") + "</tr>")
         for r in nb_rows:
             cls = {"holds": "holds", "does not hold": "no", "not evidence": "no",
                    NO_POWER: "nopower"}.get(
@@ -726,7 +731,8 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
                 f"<td>{e(','.join(map(str, r['seeds'])))}</td><td>{e('; '.join(r['devices']))}</td>"
                 f"<td>{e(r['wall_s'])}</td><td class='{cls}'>{e(r['verdict'])}{why}{note}</td>"
                 f"<td>{e(r['on_mean'])}</td><td>{e(r.get('iqm', '—'))}</td>"
-                f"<td>{e(r.get('confident', '—'))}</td></tr>")
+                f"<td>{e(r.get('confident', '—'))}</td>" +
+                (f"<td>{e(reference.cell(r))}</td>" if "agreement" in first else "") + "</tr>")
         parts.append("</table>")
         nb_curves = [c for c in curve_rows if c["notebook"] == nb]
         if nb_curves:
@@ -770,24 +776,32 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
     return "\n".join(parts)
 
 
+REFERENCE_ONLY = ("not run here: the committed reference table of this profile "
+                  "(reproductions/<notebook>/<profile>_summary.csv), not your runs")
+
+
 def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
-                 notebooks: bool = True, fidelity_csv: Path | str | None = None) -> dict:
+                 notebooks: bool = True, fidelity_csv: Path | str | None = None,
+                 repro_root: Path | str | None = None) -> dict:
     """report/index.html (with links to every run's executed notebook as HTML unless
     ``notebooks`` is False), summary.md, summary.json and curves.json from ``runs_root``; the
-    fidelity counts of ``fidelity_csv`` (``reproductions/fidelity/counts.csv``) when given."""
+    fidelity counts of ``fidelity_csv`` (``reproductions/fidelity/counts.csv``) when given; each
+    claim beside the committed tables under ``repro_root`` (``reproductions/``) when given, and
+    the notebooks not run shown from those tables, marked (``pipeline.reference``)."""
+    from agentrl_lib.pipeline import reference
     from agentrl_lib.pipeline.fidelity import read_counts
 
     fidelity = read_counts(fidelity_csv) if fidelity_csv else {}
     runs_root, out_dir = Path(runs_root), Path(out_dir)
     results, invalid = collect_all(runs_root)
-    rows = summarise(results)
+    rows = reference.attach(summarise(results), results, repro_root)
     curve_rows = summarise_curves(results)
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = render_executed(results, out_dir) if notebooks else {}
     write_atomic(out_dir / "summary.md", scoreboard_markdown(rows, fidelity) + "\n" +
-                 markdown(rows, curve_rows) + "\n" + fidelity_markdown(fidelity) +
-                 invalid_markdown(invalid))
+                 markdown(rows, curve_rows) + "\n" + fidelity_markdown(fidelity) + "\n" +
+                 reference.markdown(rows) + invalid_markdown(invalid))
     write_atomic(out_dir / "index.html", render_html(rows, results, failures, curve_rows,
                                                      executed, fidelity, invalid))
     write_atomic(out_dir / "summary.json", json.dumps(rows, indent=2, default=str))
@@ -795,7 +809,8 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
     return {"results": len(results), "rows": len(rows), "failures": len(failures),
             "html": out_dir / "index.html", "markdown": out_dir / "summary.md",
             "notebooks": sum(map(len, executed.values())), "invalid": invalid,
-            "failed_runs": failures, "tally": claim_tally(rows),
+            "failed_runs": failures,
+            "tally": claim_tally([r for r in rows if r.get("origin") != "reference"]),
             "runs": run_counts(runs_root, results, invalid)}
 
 
