@@ -158,6 +158,27 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype=None, verify: bool
     return model.to(device), tok
 
 
+def disable_dropout(model):
+    """Set every dropout probability of ``model`` to 0, in place, and return it (TRL's
+    ``trl.trainer.utils.disable_dropout_in_model``, which its trainers apply by default): the
+    log-probs an RL loss compares, pi_theta against pi_old and a by-hand step against the
+    library's, are then of one function. The project's bases have no dropout (nothing changes);
+    a user's GPT-2 has 0.1, which breaks every equality check between two forward passes.
+
+    >>> import torch
+    >>> disable_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)))[0].p
+    0.0
+    """
+    import torch
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+        if isinstance(getattr(mod, "attention_dropout", None), float):  # Llama, Qwen2 attention
+            mod.attention_dropout = 0.0
+    return model
+
+
 def save_checkpoint(model, tokenizer, path: Path, meta: dict, meta_name: str = "agentrl_sft.json") -> Path:
     """Write model, tokenizer and ``meta`` (as ``meta_name``) to ``path`` atomically: into a temp
     folder first, renamed into place, so a killed build never leaves a half checkpoint."""
