@@ -26,8 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "agentrl_lib"
-LAYERS = [("utils",), ("core", "rewards"), ("envs", "models"), ("rollout",), ("algorithms",),
-          ("analysis",), ("pipeline", "plotting", "exercises"), ("cli",)]
+LAYERS = [("utils", "offline", "tblog"), ("core", "rewards"), ("envs", "models"), ("rollout",),
+          ("algorithms",), ("analysis",), ("pipeline", "plotting", "exercises"), ("cli",)]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 

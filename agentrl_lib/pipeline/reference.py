@@ -158,18 +158,19 @@ def reference_only_rows(rows: list[dict], ref_rows: list[dict]) -> list[dict]:
     return out
 
 
-def attach(rows: list[dict], results: list[dict], repro_root, profiles=None) -> list[dict]:
+def attach(rows: list[dict], results: list[dict], repro_root, read_tables,
+           profiles=None) -> list[dict]:
     """``rows`` compared with the committed tables under ``repro_root`` of ``profiles`` (default:
     the profiles of ``rows``, else 'cpu'), followed by the reference-only rows; ``rows`` unchanged
-    when ``repro_root`` is None or has no tables."""
+    when ``repro_root`` is None or has no tables. ``read_tables(repro_root, profile)`` gives a
+    profile's committed rows first (``report.rows_from_tables``, passed in: report imports this
+    module)."""
     from pathlib import Path
-
-    from agentrl_lib.pipeline.report import rows_from_tables
 
     if repro_root is None or not Path(repro_root).is_dir():
         return rows
     profiles = profiles or sorted({r["profile"] for r in rows}) or ["cpu"]
-    ref_rows = [x for p in profiles for x in rows_from_tables(repro_root, p)[0]]
+    ref_rows = [x for p in profiles for x in read_tables(repro_root, p)[0]]
     for r in rows:
         r.setdefault("origin", "yours")
     compare_rows(rows, results, ref_rows)

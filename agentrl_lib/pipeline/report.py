@@ -794,7 +794,7 @@ def build_report(runs_root: Path | str = "runs", out_dir: Path | str = "report",
     fidelity = read_counts(fidelity_csv) if fidelity_csv else {}
     runs_root, out_dir = Path(runs_root), Path(out_dir)
     results, invalid = collect_all(runs_root)
-    rows = reference.attach(summarise(results), results, repro_root)
+    rows = reference.attach(summarise(results), results, repro_root, rows_from_tables)
     curve_rows = summarise_curves(results)
     failures = failed_runs(runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
