@@ -169,16 +169,3 @@ def test_schedule_runs_first_seeds_first_longest_first(tmp_path):
     assert order == [("c", 0), ("b", 0), ("a", 0), ("c", 1), ("b", 1), ("a", 1),
                      ("c", 2), ("b", 2), ("a", 2)]
     assert sorted(order) == sorted((p.notebook, p.seed) for p in pts)  # nothing lost or doubled
-
-
-def test_pick_next_keeps_a_seed_away_from_its_tuning_first_seed():
-    """While a notebook's first seed runs (its shared tuning pass), the dispatcher starts another
-    notebook's run rather than a later seed that would wait on the pass's lock; with nothing else
-    left it starts the later seed anyway."""
-    a0, a1, b0, b1 = (sweep.Point(nb, "", "cpu", s) for nb in ("a", "b") for s in (0, 1))
-    firsts = sweep.first_points(sweep.schedule([a0, a1, b0, b1], "/nonexistent"))
-    assert sweep.pick_next([b0, a1, b1], [a0], firsts) == 0  # b0
-    assert sweep.pick_next([a1, b1], [a0], firsts) == 1  # b1: b's first seed is done
-    assert sweep.pick_next([a1, b1], [b0], firsts) == 0  # a1: a's first seed is done
-    assert sweep.pick_next([a1, b1], [a0, b0], firsts) == 0  # both tuning: the first anyway
-    assert sweep.pick_next([a1], [a1], firsts) == 0  # a later seed running blocks nothing

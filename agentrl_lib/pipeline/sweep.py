@@ -262,35 +262,6 @@ def schedule(points: list[Point], repro_root: Path | str) -> list[Point]:
     return [points[i] for i in order]
 
 
-def _group(p: Point) -> tuple:
-    return (p.notebook, p.profile, point_tag(p.overrides))
-
-
-def first_points(points: list[Point]) -> dict:
-    """{(notebook, profile, grid tag): its first point in ``points``}: the run that computes the
-    group's shared tuning pass."""
-    firsts: dict = {}
-    for p in points:
-        firsts.setdefault(_group(p), p)
-    return firsts
-
-
-def pick_next(waiting: list[Point], running: list[Point], firsts: dict) -> int:
-    """The index in ``waiting`` of the next run to start: the first whose group's first point is
-    not running now (a later seed started beside it would wait on the tuning pass's lock with a
-    core idle); if every waiting run is such a seed, the first anyway.
-
-    >>> a0, a1, b0 = Point("a", "", "cpu", 0), Point("a", "", "cpu", 1), Point("b", "", "cpu", 0)
-    >>> firsts = first_points([a0, b0, a1])
-    >>> pick_next([a1, b0], [a0], firsts), pick_next([a1], [a0], firsts)
-    (1, 0)
-    >>> pick_next([a1, b0], [], firsts)
-    0
-    """
-    busy = {_group(p) for p in running if firsts.get(_group(p)) is p}
-    return next((i for i, p in enumerate(waiting) if _group(p) not in busy), 0)
-
-
 def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
               address: str | None = None, cell_timeout: int | None = 3600,
               gpus_per_run: float = 0.0, echo=print, rerun: bool = False) -> dict:
@@ -322,30 +293,19 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
         pass
     elif backend == "local":
         import multiprocessing as mp
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            waiting, futures = list(todo), {}
-            firsts = first_points(todo)
-
-            def submit() -> None:  # keep `jobs` runs going, a seed beside its first seed last
-                while waiting and len(futures) < jobs:
-                    q = waiting.pop(pick_next(waiting, list(futures.values()), firsts))
-                    futures[pool.submit(run_point, q, cell_timeout)] = q
-
+            futures = {pool.submit(run_point, p, cell_timeout): p for p in todo}
             try:
-                submit()
-                while futures:
-                    done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        p = futures.pop(fut)
-                        try:
-                            res = fut.result()
-                        except Exception as e:  # a worker that died (killed, out of memory)
-                            res = {"ok": False, "error": f"worker died: {type(e).__name__}: {e}",
-                                   "wall_s": 0.0, "failed_cell": None}
-                        report(p, res)
-                    submit()
+                for fut in as_completed(futures):
+                    p = futures[fut]
+                    try:
+                        res = fut.result()
+                    except Exception as e:  # a worker that died (killed, out of memory)
+                        res = {"ok": False, "error": f"worker died: {type(e).__name__}: {e}",
+                               "wall_s": 0.0, "failed_cell": None}
+                    report(p, res)
             except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cli.main)
                 stop_process_trees(list(getattr(pool, "_processes", None) or {}))
                 pool.shutdown(wait=False, cancel_futures=True)
