@@ -365,7 +365,7 @@ def test_killing_reproduce_stops_its_workers_and_kernels(tmp_path, command, sig)
         [sys.executable, "-m", "agentrl_lib.cli", command, "00", "--profile", "ci", *args,
          "-p", "sleep_s", "120", "--runs", str(root / "runs")],
         cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_default_sigint)
     want = 2 if command == "reproduce" else 1
     try:
         me = psutil.Process(proc.pid)
@@ -390,6 +390,12 @@ def test_killing_reproduce_stops_its_workers_and_kernels(tmp_path, command, sig)
         for k in psutil.Process().children(recursive=True):
             if "ipykernel" in " ".join(_cmdline(k)):
                 k.kill()
+
+
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a test runner started in the background (or a pytest-xdist
+    worker) may ignore SIGINT, and a child inherits that, so Python would install no handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _cmdline(p) -> list[str]:
