@@ -398,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this profile (the committed summaries)")
     p.add_argument("--relabel", metavar="PROFILE", choices=PROFILES,
                    help="only: give the committed tables of this profile each claim's kind as "
-                        "its notebook's claim() call now writes it, then rebuild RESULTS.md from "
+                        "its notebook's claim() call now writes it, and a table from before the "
+                        "power_plan column today's no-power rule, then rebuild RESULTS.md from "
                         "the tables (no run read, no number changed)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="which results.json numbers and claim verdicts differ "

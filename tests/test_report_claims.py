@@ -101,6 +101,59 @@ def test_no_power_verdict_and_the_scoreboard():
     assert html.index("Scoreboard") < html.index("<h2 id='05_mixed'>")
 
 
+def test_a_failure_without_a_plan_needs_the_seeds_to_decide_it():
+    """A paper or extension claim with no power plan that failed reads 'no power' unless the
+    seeds' 95% t-interval of ours - baseline lies wholly on the failing side of the bar; a claim
+    that holds, a decided failure and a '>=' bar keep their verdicts; one seed decides nothing."""
+    diffs = {"straddles": (0.20, -0.05, 0.12), "short": (0.01, 0.0, 0.02),
+             "equal": (0.0, 0.0, 0.0), "holds": (0.2, 0.25, 0.3)}
+
+    def seed_claims(s):
+        return [claim(k, k, "acc", 0.5 + d[s], 0.5, ">", margin=0.05 if k != "equal" else 0.0,
+                      kind="extension" if k == "short" else "paper") for k, d in diffs.items()] + [
+            claim("lower", "lower", "len", 3.0 + (0.5, -0.4, 0.3)[s], 3.0, "<", margin=0.1,
+                  kind="paper"),
+            claim("bar", "reaches", "acc", 0.4, 0.5, ">=", kind="paper")]
+    rows = {r["claim"]: r for r in report.summarise([result(s, seed_claims(s))
+                                                     for s in (0, 1, 2)])}
+    assert rows["straddles"]["verdict"] == "no power"  # mixed 2/3, interval [-0.26, +0.44]
+    assert "no power plan" in rows["straddles"]["why"] and "+0.05" in rows["straddles"]["why"]
+    assert rows["lower"]["verdict"] == "no power"  # fails in 2 of 3 seeds, interval crosses -0.1
+    assert rows["short"]["verdict"] == "does not hold"  # [-0.015, +0.035], wholly below +0.05
+    assert rows["equal"]["verdict"] == "does not hold"  # exactly at the bar at every seed
+    assert rows["holds"]["verdict"] == "holds" and rows["bar"]["verdict"] == "does not hold"
+    assert {r["power_plan"] for r in rows.values()} == {"none"}
+    one = report.summarise([result(0, seed_claims(0))])
+    assert {r["claim"]: r["verdict"] for r in one}["short"] == "no power"
+    assert "one seed" in next(r["why"] for r in one if r["claim"] == "short")
+
+
+def test_old_tables_failures_are_rejudged(tmp_path):
+    """A table from before the power_plan column: read back (and rewritten by relabel), a failure
+    whose recorded interval reaches past the bar reads 'no power', keeping the old verdict in its
+    reason; a decided failure stays."""
+    table = tmp_path / "reproductions" / "05_mixed" / "cpu_summary.csv"
+    table.parent.mkdir(parents=True)
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, report.CSV_COLUMNS[:-1], restval="")
+        w.writeheader()
+        for cid, verdict, ci in (("wide", "mixed 1/3", "0.5; diff +0.01 [-0.2, +0.22]"),
+                                 ("short", "does not hold", "0.5; diff -0.1 [-0.15, -0.05]")):
+            w.writerow({"claim": cid, "kind": "paper", "direction": ">", "margin": "0.05",
+                        "seeds": "0 1 2", "verdict": verdict, "post_hoc": "False",
+                        "asserted": "False", "iqm_diff_ci": ci, "confident": "no (n=3)"})
+    wide, short = report.rows_from_tables(tmp_path / "reproductions", "cpu")[0]
+    assert wide["verdict"] == "no power" and "the table read mixed 1/3" in wide["why"]
+    assert short["verdict"] == "does not hold"
+    (tmp_path / "notebooks").mkdir()
+    assert report.relabel(tmp_path / "reproductions", tmp_path / "notebooks", "cpu") == [
+        "05_mixed wide: mixed 1/3 -> no power"]
+    with table.open() as f:
+        got = {r["claim"]: (r["verdict"], r["power_plan"]) for r in csv.DictReader(f)}
+    assert got == {"wide": ("no power", "not recorded"), "short": ("does not hold", "not recorded")}
+    assert report.relabel(tmp_path / "reproductions", tmp_path / "notebooks", "cpu") == []
+
+
 def test_control_and_evidence_rendering():
     def seed_claims(s):
         # the control passes the rule in seed 1 only (0.49 is within 0.05 of 0.5)
@@ -161,7 +214,9 @@ def test_post_hoc_from_looked_at_seeds(tmp_path, monkeypatch):
     up, mode = report.summarise(report.collect(runs))
     assert (up["verdict"], up["post_hoc"]) == ("holds", True)  # seeds 1, 2 only
     assert "verdict from the seeds never looked at" in up["why"]
-    assert mode["verdict"] == "does not hold"  # seed 2 alone judges it
+    # seed 2 alone judges it: it failed there, but one seed without a power plan decides nothing
+    assert mode["verdict"] == "no power" and "one seed" in mode["why"]
+    assert "verdict from the seeds never looked at" in mode["why"]
     with pytest.raises(ValueError, match="do not exist"):
         write_results("05_mixed", {"seed": 0, "profile": "cpu"}, {}, [],
                       looked_at=[looked_at([0], "x", claims=["nope"])])
@@ -379,7 +434,7 @@ def test_old_tables_post_hoc_rows_need_unseen_seeds(tmp_path):
     looked-at ones too: read back, it is 'post hoc: no unseen seeds' and is not counted."""
     table = tmp_path / "05_mixed" / "cpu_summary.csv"
     table.parent.mkdir()
-    old_columns = report.CSV_COLUMNS[:-2]  # no paper_id, no looked_at
+    old_columns = report.CSV_COLUMNS[:-3]  # no paper_id, no looked_at, no power_plan
     with table.open("w", newline="") as f:
         w = csv.DictWriter(f, old_columns, restval="")
         w.writeheader()

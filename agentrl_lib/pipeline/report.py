@@ -200,6 +200,19 @@ def _confidence(claims: list[dict]) -> dict:
             "confident": f"{'yes' if v['confident'] else 'no'} (n={v['n']})"}
 
 
+def _diff_ci(claims: list[dict]) -> tuple[float, float] | None:
+    """The seeds' 95% t-interval of ours - baseline (None without a baseline or with one seed)."""
+    from agentrl_lib.pipeline.stats import ordering_verdict
+
+    ours = [c.get("ours") for c in claims]
+    base = [c.get("baseline") for c in claims]
+    if len(claims) < 2 or any(v is None for v in ours + base):
+        return None
+    lo, hi = ordering_verdict(ours, base, claims[0].get("direction", ">") if
+                              claims[0].get("direction") in (">", "<") else ">")["diff_ci"]
+    return float(lo), float(hi)
+
+
 def _decided(claims: list[dict]) -> bool:
     """Whether the seeds' 95% t-interval of the mean of ours - baseline lies wholly on one side of
     the claim's bar: beyond it (the claim holds with confidence) or short of it (it fails with
@@ -232,6 +245,48 @@ def _decided(claims: list[dict]) -> bool:
     return bool(d.mean() - half > bar or d.mean() + half < bar)
 
 
+def unresolved_failure(verdict: str, kind: str, direction: str, margin: float,
+                       ci: tuple[float, float] | None, n: int) -> str:
+    """Why a failing paper or extension claim that records no power plan carries no power ('' when
+    the seeds decide it): a claim that did not hold (or held in some seeds) reads "no power"
+    unless the seeds' 95% t-interval of ours - baseline lies wholly on the failing side of the bar
+    (at or below it for '>', at or above it for '<'). With one seed nothing tells a failure from
+    noise. Claims that hold, claims with a plan (``results.no_power`` judges those), and '~',
+    '>=' and '<=' claims (bars, not differences) are left as they are.
+
+    >>> unresolved_failure("does not hold", "paper", ">", 0.05, (-0.08, 0.03), 3)  # decided
+    ''
+    >>> unresolved_failure("mixed 1/3", "paper", ">", 0.05, (-0.08, 0.12), 3)
+    "no power plan, and the seeds' 95% interval of ours - baseline [-0.08, +0.12] reaches past the bar +0.05"
+    >>> unresolved_failure("does not hold", "paper", ">", 0.0, (0.0, 0.0), 3)  # equal: fails
+    ''
+    """
+    failed = verdict == "does not hold" or verdict.startswith("mixed")
+    if not failed or kind not in ("paper", "extension") or direction not in (">", "<"):
+        return ""
+    if n < 2 or ci is None:
+        return "one seed and no power plan: nothing tells this failure from noise"
+    lo, hi = ci
+    bar = margin if direction == ">" else -margin
+    if (direction == ">" and hi <= bar) or (direction == "<" and lo >= bar):
+        return ""
+    return (f"no power plan, and the seeds' 95% interval of ours - baseline "
+            f"[{lo:+.3g}, {hi:+.3g}] reaches past the bar {bar:+.3g}")
+
+
+def _plan_cell(claims: list[dict]) -> str:
+    """The power plan a row's verdict rests on, for the tables: its minimal detectable difference
+    and panel, and its positive control; 'none' when the claim records neither."""
+    plan = next((c["power"] for c in claims if c.get("power")), None)
+    pcs = [c["positive_control"] for c in claims if c.get("positive_control")]
+    parts = []
+    if plan:
+        parts.append(f"mdd {plan['mdd']:.3g} (panel {plan['panel']}, {plan.get('seeds', '?')} seeds)")
+    if pcs:
+        parts.append(f"positive control moved in {sum(bool(p.get('moved')) for p in pcs)}/{len(pcs)}")
+    return "; ".join(parts) or "none"
+
+
 def summarise(results: list[dict]) -> list[dict]:
     """One row per (notebook, profile, grid point, claim) with the numbers across seeds."""
     from agentrl_lib.pipeline.results import _rule, no_power
@@ -257,6 +312,12 @@ def summarise(results: list[dict]) -> list[dict]:
         powerless = next((w for w in map(no_power, judged) if w), "")
         if powerless and not powerless.startswith("its positive control") and _decided(judged):
             powerless = ""  # the seeds' interval already decides it, whatever the plan said
+        planned = any(c.get("power") or c.get("positive_control") for c in judged)
+        if judged and not planned and not powerless:
+            ci = _diff_ci(judged)
+            powerless = unresolved_failure(verdict, judged[0].get("kind") or "",
+                                           judged[0].get("direction", ">"),
+                                           judged[0].get("margin", 0.0) or 0.0, ci, len(judged))
         if seen and not judged:
             verdict, why = NO_UNSEEN, "its verdict must come from seeds never looked at"
         elif powerless:
@@ -290,6 +351,7 @@ def summarise(results: list[dict]) -> list[dict]:
             "paper_value": first.get("paper_value"), "source": first.get("source"),
             "verdict": verdict, "why": why, "control": control,
             "control_verdict": control_verdict, **_confidence(claims),
+            "power_plan": _plan_cell(claims),
             "on_mean": {None: "—", True: "holds", False: "does not hold"}[on_mean],
             "devices": sorted({r.get("device", "?") for _, _, r in items}),
             "wall_s": _fmt([r.get("wall_s") for _, _, r in items]),
@@ -672,7 +734,9 @@ def render_html(rows: list[dict], results: list[dict], failures: list[dict],
              "'extension' claims, the notebook's own findings, are counted apart; a post-hoc "
              "claim's verdict comes from the seeds never looked at; 'no power' means its "
              "positive control did not learn or the smallest difference its panel and seeds "
-             "could detect exceeds its margin, so it says nothing either way.</p>"]
+             "could detect exceeds its margin, or, for a claim without a power plan that "
+             "failed, that the seeds' 95% interval of the difference reaches past its bar, so "
+             "it says nothing either way.</p>"]
     board = scoreboard(rows, fidelity)
     if board:
         parts.append("<h2>Scoreboard</h2><table><tr>" + "".join(
@@ -874,7 +938,7 @@ CSV_COLUMNS = ["claim", "kind", "point", "statement", "metric", "direction", "ma
                "ours_mean_std", "baseline", "paper_value", "paper_source", "negative_control",
                "control_verdict", "seeds", "verdict", "verdict_why", "post_hoc", "on_seed_mean",
                "iqm_diff_ci", "confident", "asserted", "device", "wall_s", "family", "paper_id",
-               "looked_at"]
+               "looked_at", "power_plan"]
 """Columns of ``reproductions/<notebook>/<profile>_summary.csv``, one row per claim (tables
 written before ``family``, ``paper_id`` or ``looked_at`` were columns read their family from the
 notebook's number, and no second paper and no reason)."""
@@ -896,6 +960,26 @@ def _legacy_post_hoc(c: dict) -> dict:
                                                   f"ones: {old}; re-judge on unseen seeds"}
 
 
+def _legacy_power(c: dict) -> dict:
+    """A row of a table published before the ``power_plan`` column, judged by today's rule for a
+    claim without a plan (``unresolved_failure``) from the interval and seed count the table
+    recorded: a failure the seeds did not decide becomes ``NO_POWER``, the old verdict moving into
+    the reason. {} when the row stands (or records no interval to judge it by)."""
+    import re
+
+    m = re.search(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", c.get("iqm_diff_ci") or "")
+    n = re.search(r"\(n=(\d+)\)", c.get("confident") or "")
+    if not (m and n) or c["verdict"] in (NO_POWER, NO_UNSEEN):
+        return {}
+    why = unresolved_failure(c["verdict"], c["kind"], c["direction"], float(c["margin"] or 0.0),
+                             (float(m.group(1)), float(m.group(2))), int(n.group(1)))
+    if not why:
+        return {}
+    old = c["verdict"] + (f" ({c['verdict_why']})" if c.get("verdict_why") else "")
+    return {"verdict": NO_POWER, "verdict_why": f"{why}; the table read {old}",
+            "power_plan": "not recorded"}
+
+
 def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
     """The claim rows and curve rows of one profile read back from the committed tables
     (``reproductions/<notebook>/<profile>_summary.csv`` and ``_curves.csv``): what ``summarise``
@@ -910,6 +994,8 @@ def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], 
             for c in csv.DictReader(f):
                 if _bool(c["post_hoc"]) and "looked_at" not in c:
                     c.update(_legacy_post_hoc(c))
+                if "power_plan" not in c:
+                    c.update(_legacy_power(c))
                 rows.append({
                     "family": c.get("family") or family_of({"notebook": nb}), "notebook": nb,
                     "profile": profile, "point": c["point"], "claim": c["claim"],
@@ -926,7 +1012,7 @@ def rows_from_tables(repro_root: Path | str, profile: str) -> tuple[list[dict], 
                     "iqm": c["iqm_diff_ci"], "confident": c["confident"],
                     "on_mean": c["on_seed_mean"],
                     "devices": [d for d in c["device"].split("; ") if d],
-                    "wall_s": c["wall_s"]})
+                    "wall_s": c["wall_s"], "power_plan": c.get("power_plan") or "not recorded"})
         curves = path.parent / f"{profile}_curves.csv"
         if not curves.is_file():
             continue
@@ -975,7 +1061,8 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                             " ".join(map(str, r["seeds"])), r["verdict"], r["why"],
                             r["post_hoc"], r["on_mean"], r["iqm"], r["confident"], r["asserted"],
                             "; ".join(r["devices"]), r["wall_s"], r["family"],
-                            r.get("paper_id", ""), r.get("looked_at", "")])
+                            r.get("paper_id", ""), r.get("looked_at", ""),
+                            r.get("power_plan", "")])
         written.append(path)
         nb_curves = [c for c in curve_rows if c["notebook"] == nb]
         curves_path = out / f"{profile}_curves.csv"
@@ -1018,8 +1105,9 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                f"towards a paper reproducing (a second paper's, `paper of <id>`, for that paper); "
                f"`extension` claims, the notebook's own findings, are counted apart; a post-hoc "
                f"claim's verdict comes from the seeds never looked at; 'no power' that its "
-               f"positive control did not learn or its panel and seeds could not detect its "
-               f"margin.\n\n{scoreboard_markdown(rows, _fidelity_of(repro_root))}\n"
+               f"positive control did not learn, its panel and seeds could not detect its "
+               f"margin, or (a failed claim without a power plan) the seeds' 95% interval of "
+               f"the difference reaches past its bar.\n\n{scoreboard_markdown(rows, _fidelity_of(repro_root))}\n"
                f"{markdown(rows, curve_rows)}{end}")
     if start in old:
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
@@ -1066,7 +1154,9 @@ def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> 
     """Give the committed tables of one profile (``<profile>_summary.csv``) each claim's kind and
     ``paper_id`` as its notebook's ``claim(...)`` call now writes them (``claim_kinds``), without
     rerunning anything: no other cell changes, no number; a table keeps its columns (an old
-    layout gains ``paper_id`` where a row needs one). Returns one line per changed claim, 'notebook claim: old -> new'.
+    layout gains ``paper_id`` where a row needs one). A table from before the ``power_plan``
+    column gains it, and its failures the seeds did not decide read "no power" (``_legacy_power``).
+    Returns one line per changed claim, 'notebook claim: old -> new'.
     ``agentrl report --relabel PROFILE`` runs it and then rebuilds RESULTS.md from the tables."""
     import csv
 
@@ -1089,9 +1179,17 @@ def relabel(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> 
                                f"{' of '.join(filter(None, new))}")
                 row["kind"], row["paper_id"] = new
                 changed = True
+            if "power_plan" not in columns:  # a table from before the column: today's rule
+                update = _legacy_power(row)
+                if update:
+                    changes.append(f"{nb} {row['claim']}: {row['verdict']} -> {NO_POWER}")
+                row.update(update or {"power_plan": "not recorded"})
+                changed = True
         if changed:  # the table keeps its layout; paper_id is added where a row needs one
             if "paper_id" not in columns and any(r.get("paper_id") for r in table):
                 columns.append("paper_id")
+            if "power_plan" not in columns:
+                columns.append("power_plan")
             with path.open("w", newline="") as f:
                 w = csv.DictWriter(f, columns, restval="", extrasaction="ignore")
                 w.writeheader()
