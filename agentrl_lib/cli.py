@@ -169,7 +169,7 @@ def cmd_reproduce(args) -> int:
         return 1 if _SKIPPED else 0
     out = run_sweep(points, jobs=args.jobs, backend=args.backend, address=args.address,
                     cell_timeout=args.cell_timeout or None, gpus_per_run=args.gpus_per_run,
-                    rerun=args.rerun)
+                    rerun=args.rerun, report_to=args.report_to)
     print(f"\n{len(out['ok'])} ran ok, {len(out['skipped'])} were already complete, "
           f"{len(out['failed'])} failed")
     for p, res in out["failed"]:
@@ -387,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the points and their folders")
     p.add_argument("--rerun", action="store_true", help="run complete points again (after a "
                    "code change: completeness compares parameters, not the notebook's code)")
+    p.add_argument("--report-to", choices=("none", "tensorboard"),
+                   help="copy every run's training-loop rows to TensorBoard, in "
+                        "<run>/tensorboard (as `run --report-to`; metrics.jsonl is unchanged)")
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("report", help="collect results.json files into report/index.html")
     p.add_argument("--runs", help="runs folder (default: <repo>/runs)")

@@ -169,3 +169,29 @@ def test_schedule_runs_first_seeds_first_longest_first(tmp_path):
     assert order == [("c", 0), ("b", 0), ("a", 0), ("c", 1), ("b", 1), ("a", 1),
                      ("c", 2), ("b", 2), ("a", 2)]
     assert sorted(order) == sorted((p.notebook, p.seed) for p in pts)  # nothing lost or doubled
+
+
+def test_reproduce_report_to_reaches_every_run(tmp_path, monkeypatch, capsys):
+    """`reproduce --report-to tensorboard` sets $AGENTRL_REPORT_TO in every run's kernel (what
+    tblog reads), and only there: without the flag the kernel sees the caller's value."""
+    import nbformat
+
+    root = make_repo(tmp_path)
+    path = root / "notebooks" / "00_toy.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[-1].source = nb.cells[-1].source.replace(
+        '{"total": total}', '{"total": total, "report_to": os.environ.get("AGENTRL_REPORT_TO")}')
+    nbformat.write(nb, path)
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("AGENTRL_REPORT_TO", raising=False)
+    args = ["reproduce", "00", "--profile", "cpu", "--seeds", "0-1", "--jobs", "2"]
+    assert cli.main(args + ["--report-to", "tensorboard", "--runs", "a"]) == 0
+    assert cli.main(args + ["--runs", "b"]) == 0
+    for runs, want in (("a", "tensorboard"), ("b", None)):
+        for s in (0, 1):
+            r = json.loads((root / runs / f"cpu/00_toy/seed{s}/results.json").read_text())
+            assert r["metrics"]["report_to"] == want
+    assert "AGENTRL_REPORT_TO" not in os.environ
+    with pytest.raises(SystemExit) as e:  # argparse refuses an unknown logger, naming it
+        cli.main(["reproduce", "00", "--report-to", "wandb"])
+    assert e.value.code == 2 and "invalid choice: 'wandb'" in capsys.readouterr().err

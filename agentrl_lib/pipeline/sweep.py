@@ -141,16 +141,27 @@ def is_complete(point: Point) -> bool:
     return read_results(d / "results.json")[0] is not None
 
 
-def run_point(point: Point, cell_timeout: int | None = 3600) -> dict:
-    """Execute one point (in a worker process or a Ray task); never raises for a notebook error."""
+def run_point(point: Point, cell_timeout: int | None = 3600, report_to: str | None = None) -> dict:
+    """Execute one point (in a worker process or a Ray task); never raises for a notebook error.
+    ``report_to`` ('tensorboard' or 'none'; None: as the worker's environment says) sets
+    ``$AGENTRL_REPORT_TO`` for this run's kernel (``tblog``) and puts the old value back after."""
     path = Path(point.path)
     info = load_notebook(path, repo_root(path.parent))
+    old = os.environ.get("AGENTRL_REPORT_TO")
+    if report_to is not None:
+        os.environ["AGENTRL_REPORT_TO"] = report_to  # a Ray worker outlives this task
     try:
         out = execute(info, point.profile, point.seed, point.cli, run_dir=Path(point.run_dir),
                       progress=False, cell_timeout=cell_timeout, overrides=point.overrides)
     except Exception as e:  # papermill/kernel trouble outside the notebook's own cells
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "wall_s": 0.0,
                 "failed_cell": None}
+    finally:
+        if report_to is not None:
+            if old is None:
+                os.environ.pop("AGENTRL_REPORT_TO", None)
+            else:
+                os.environ["AGENTRL_REPORT_TO"] = old
     return {"ok": out.ok, "error": out.error, "wall_s": out.wall_s, "failed_cell": out.failed_cell,
             "run_dir": str(out.run_dir)}
 
@@ -264,10 +275,12 @@ def schedule(points: list[Point], repro_root: Path | str) -> list[Point]:
 
 def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "local",
               address: str | None = None, cell_timeout: int | None = 3600,
-              gpus_per_run: float = 0.0, echo=print, rerun: bool = False) -> dict:
+              gpus_per_run: float = 0.0, echo=print, rerun: bool = False,
+              report_to: str | None = None) -> dict:
     """Run every incomplete point; returns {'skipped': [...], 'ok': [...], 'failed': [(point,
     outcome)]}. One line per finished point, with the sweep's running totals. ``rerun`` runs
-    complete points too (completeness looks at parameters, not at the notebook's code)."""
+    complete points too (completeness looks at parameters, not at the notebook's code);
+    ``report_to`` goes to every run (``run_point``)."""
     todo = [p for p in points if rerun or not is_complete(p)]
     skipped = [p for p in points if p not in todo]
     if todo:
@@ -296,7 +309,7 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(run_point, p, cell_timeout): p for p in todo}
+            futures = {pool.submit(run_point, p, cell_timeout, report_to): p for p in todo}
             try:
                 for fut in as_completed(futures):
                     p = futures[fut]
@@ -320,7 +333,7 @@ def run_sweep(points: list[Point], jobs: int | None = None, backend: str = "loca
             ray.init(include_dashboard=False, log_to_driver=False, **kw)
         try:
             task = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_point)
-            refs = {task.remote(p, cell_timeout): p for p in todo}
+            refs = {task.remote(p, cell_timeout, report_to): p for p in todo}
             pending = list(refs)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
