@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv")
+pytest.importorskip("openenv", reason="openenv-core is in [all] and requirements/lock.txt: "
+                                "run make setup")
 
 from agentrl_lib.algorithms import agent_pg  # noqa: E402
 from agentrl_lib.algorithms.agent_pg import AgentPGConfig  # noqa: E402
