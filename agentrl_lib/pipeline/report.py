@@ -260,6 +260,8 @@ def unresolved_failure(verdict: str, kind: str, direction: str, margin: float,
     "no power plan, and the seeds' 95% interval of ours - baseline [-0.08, +0.12] reaches past the bar +0.05"
     >>> unresolved_failure("does not hold", "paper", ">", 0.0, (0.0, 0.0), 3)  # equal: fails
     ''
+    >>> unresolved_failure("mixed 2/3", "paper", "<", 0.0, (-0.1, 0.2), 3)[-6:]
+    'bar +0'
     """
     failed = verdict == "does not hold" or verdict.startswith("mixed")
     if not failed or kind not in ("paper", "extension") or direction not in (">", "<"):
@@ -267,7 +269,7 @@ def unresolved_failure(verdict: str, kind: str, direction: str, margin: float,
     if n < 2 or ci is None:
         return "one seed and no power plan: nothing tells this failure from noise"
     lo, hi = ci
-    bar = margin if direction == ">" else -margin
+    bar = (margin if direction == ">" else -margin) + 0.0  # + 0.0: never a "-0" bar
     if (direction == ">" and hi <= bar) or (direction == "<" and lo >= bar):
         return ""
     return (f"no power plan, and the seeds' 95% interval of ours - baseline "
