@@ -107,3 +107,39 @@ def test_a_change_of_the_notebook_code_tunes_again(monkeypatch, tmp_path):
     assert notebook_code_hash("nb") != h0
     shared_tuning("nb", params, lambda: calls.append(1) or {"best": 0.1})
     assert len(calls) == 2
+
+
+def test_pick_setting_is_pick_lr_on_numbers_and_takes_lr_beta_pairs():
+    from agentrl_lib.pipeline.tuning import pick_setting
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # the same rule as pick_lr on an lr sweep, ties and NaNs included
+        scores = {lr: list(rng.choice([0.1, 0.2, np.nan], size=2)) for lr in (0.03, 0.1, 0.3)}
+        assert pick_setting(scores) == pick_lr(scores)
+        assert pick_setting(scores, higher_is_better=False) == \
+            pick_lr(scores, higher_is_better=False)
+    grid = {(0.1, 0.1): [0.6, 0.8], (0.03, 0.5): [0.7, 0.7], (0.1, 0.5): [0.9, 0.5]}
+    assert pick_setting(grid) == (0.03, 0.5)  # the means tie at 0.7: the smaller lr
+    assert pick_setting({**grid, (0.3, 0.1): [0.8]}) == (0.3, 0.1)
+    assert pick_setting({(0.1, 0.1): [np.nan], (0.3, 0.1): [0.0]}) == (0.3, 0.1)
+
+
+def test_tune_arms_over_lr_beta_pairs(monkeypatch, tmp_path):
+    from agentrl_lib.pipeline.tuning import tune_arms
+
+    def score(arm, setting, s):  # a peaks at (0.1, 0.5), b at (0.3, 0.1)
+        assert isinstance(setting, tuple)
+        return -abs(setting[0] - (0.1 if arm == "a" else 0.3)) - abs(
+            setting[1] - (0.5 if arm == "a" else 0.1))
+
+    grid = [(lr, b) for lr in (0.1, 0.3) for b in (0.1, 0.5)]
+    params = dict(_at_seed(monkeypatch, tmp_path, 0), grid=grid)
+    first = tune_arms("nb", params, ["a", "b"], grid, [100], score, name="grid")
+    read = tune_arms("nb", dict(_at_seed(monkeypatch, tmp_path, 1), grid=grid), ["a", "b"], grid,
+                     [100], score, name="grid")  # through the JSON cache: tuples again
+    for out in (first, read):
+        assert out["picks"] == {"a": (0.1, 0.5), "b": (0.3, 0.1)}
+    assert not first["cached"] and read["cached"]
+    assert set(first["scores"]) == {f"{a}@{lr:g},{b:g}@100" for a in "ab" for lr, b in grid}
+    assert first["scores"]["a@0.1,0.5@100"] == 0.0
+    assert tune_arms("nb", params, ["a"], [[0.1, 0.5]], [], score)["picks"] == {"a": (0.1, 0.5)}

@@ -18,6 +18,11 @@ A notebook writes::
     sweep = {(arm, lr): [final_metric(train(arm, lr, s)) for s in tuning_seeds]
              for arm in ARMS for lr in lrs}
     best_lr = {arm: pick_lr({lr: sweep[arm, lr] for lr in lrs}) for arm in ARMS}
+
+- **Several hyperparameters at once** (an lr and a KL weight): the sweep is a grid of settings,
+  tuples such as ``(lr, beta)``, treated as one hyperparameter (``pick_setting``; ``tune_arms``
+  takes tuples where it takes lrs); ties go to the smallest setting in sorted order, so with the
+  lr first, to the smaller lr.
 """
 
 from __future__ import annotations
@@ -44,13 +49,30 @@ def pick_lr(scores: dict, *, higher_is_better: bool = True) -> float:
     """
     if not scores:
         raise ValueError("pick_lr needs at least one lr")
+    return pick_setting(scores, higher_is_better=higher_is_better)
+
+
+def pick_setting(scores: dict, *, higher_is_better: bool = True):
+    """``pick_lr``'s rule over a sweep of any sortable settings (an lr, an ``(lr, beta)`` tuple):
+    the setting whose tuning seeds' metric has the best mean; ties to the smallest setting in
+    sorted order (for numbers the smaller lr, as ``pick_lr``; for tuples the first field first);
+    a NaN mean is never picked unless every setting's is NaN.
+
+    >>> pick_setting({(0.1, 0.5): [0.7], (0.03, 0.1): [0.7], (0.1, 0.1): [0.6]})  # a tie
+    (0.03, 0.1)
+    >>> pick_setting({(1e-3, 0.1): 2.0, (1e-3, 0.5): 1.5}, higher_is_better=False)
+    (0.001, 0.5)
+    """
+    if not scores:
+        raise ValueError("pick_setting needs at least one setting")
     sign = 1.0 if higher_is_better else -1.0
 
-    def key(lr):
-        m = float(np.mean(np.asarray(scores[lr], dtype=float)))
-        return (not math.isnan(m), sign * m if not math.isnan(m) else 0.0, -float(lr))
+    def key(setting):
+        m = float(np.mean(np.asarray(scores[setting], dtype=float)))
+        return (not math.isnan(m), sign * m if not math.isnan(m) else 0.0)
 
-    return max(scores, key=key)
+    top = max(key(x) for x in scores)
+    return min(x for x in scores if key(x) == top)
 
 
 def edge_lr(scores: dict, step: float = 3.0, *, higher_is_better: bool = True) -> float | None:
@@ -177,20 +199,30 @@ def tune_arms(notebook: str, params: dict, arms, lrs, tuning_seeds, score, *,
     """Each arm's lr by the one rule, from one shared tuning pass: ``score(arm, lr, tuning_seed)``
     (the final tuning-panel metric of a run of the judged run's length) for every arm, lr and
     tuning seed, the same sweep for every arm; ``pick_lr`` per arm; the pass through
-    ``shared_tuning`` (once per profile). A sweep of one lr needs no tuning run. Returns
+    ``shared_tuning`` (once per profile). A sweep of one lr needs no tuning run. ``lrs`` may
+    instead be a grid of settings of several hyperparameters (tuples, e.g. ``(lr, beta)``, passed
+    to ``score`` as tuples; ``pick_setting`` per arm; labelled ``lr,beta`` in the keys). Returns
     {"scores": {"arm@lr@seed": value}, "picks": {arm: lr}, "cached": bool}.
     """
-    arms, lrs, tuning_seeds = list(arms), [float(x) for x in lrs], [int(s) for s in tuning_seeds]
+    def setting(x):  # a number, or a tuple of numbers (a list read back from JSON included)
+        return tuple(float(v) for v in x) if isinstance(x, (list, tuple)) else float(x)
+
+    def label(x):
+        return ",".join(f"{v:g}" for v in x) if isinstance(x, tuple) else f"{x:g}"
+
+    arms, lrs, tuning_seeds = list(arms), [setting(x) for x in lrs], [int(s) for s in tuning_seeds]
     if len(lrs) == 1:
         return {"scores": {}, "picks": {a: lrs[0] for a in arms}, "cached": False}
     if not tuning_seeds:
         raise ValueError("a sweep of more than one lr needs tuning seeds")
 
     def compute():
-        scores = {f"{a}@{lr:g}@{s}": float(score(a, lr, s))
+        scores = {f"{a}@{label(lr)}@{s}": float(score(a, lr, s))
                   for a in arms for lr in lrs for s in tuning_seeds}
-        picks = {a: pick_lr({lr: [scores[f"{a}@{lr:g}@{s}"] for s in tuning_seeds] for lr in lrs},
-                            higher_is_better=higher_is_better) for a in arms}
+        picks = {a: pick_setting({lr: [scores[f"{a}@{label(lr)}@{s}"] for s in tuning_seeds]
+                                  for lr in lrs}, higher_is_better=higher_is_better)
+                 for a in arms}
         return {"scores": scores, "picks": picks}
 
-    return shared_tuning(notebook, params, compute, name=name)
+    out = shared_tuning(notebook, params, compute, name=name)
+    return {**out, "picks": {a: setting(v) for a, v in out["picks"].items()}}
