@@ -208,8 +208,7 @@ def _diff_ci(claims: list[dict]) -> tuple[float, float] | None:
     base = [c.get("baseline") for c in claims]
     if len(claims) < 2 or any(v is None for v in ours + base):
         return None
-    lo, hi = ordering_verdict(ours, base, claims[0].get("direction", ">") if
-                              claims[0].get("direction") in (">", "<") else ">")["diff_ci"]
+    lo, hi = ordering_verdict(ours, base, ">")["diff_ci"]  # the interval ignores the direction
     return float(lo), float(hi)
 
 
