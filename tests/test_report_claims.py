@@ -94,8 +94,10 @@ def test_no_power_verdict_and_the_scoreboard():
                                                  "unverifiable": 3, "differs": 0}})
     assert [(b["no power"], b["do not hold"], b["fidelity: code / text / unverifiable / differs"])
             for b in board] == [(2, 1, "1 / 2 / 3 / 0")]
-    assert "| 05_mixed | foundations | cpu | 0,1,2 | 3 | 0 | 1 | 0 | 2 | 0 | 0 | — |" in \
+    assert "| 05_mixed | foundations | cpu | 0,1,2 | 3 | 0 | 1 | 0 | 2 | 0 | 0 | 0/3, 3/3 | — | — |" in \
         report.scoreboard_markdown(rows)
+    # one control never learned: the notebook does not count as powered
+    assert "learned at every seed in 0 of the 1 notebooks" in report.scoreboard_markdown(rows)
     html = report.render_html(rows, [], [])
     assert "<a href='#05_mixed'>05_mixed</a>" in html and "<h2 id='05_mixed'>" in html
     assert html.index("Scoreboard") < html.index("<h2 id='05_mixed'>")

@@ -579,7 +579,31 @@ h2{border-bottom:1px solid #ddd;padding-bottom:4px}.small{color:#666;font-size:1
 
 SCOREBOARD_HEAD = ["notebook", "family", "profile", "seeds", "paper claims", "reproduced",
                    "do not hold", "mixed", "no power", "not evidence", "post hoc, no unseen seeds",
+                   "positive controls learned (seeds)", "minutes per seed",
                    "fidelity: code / text / unverifiable / differs"]
+_MOVED = re.compile(r"positive control moved in (\d+)/(\d+)")
+
+
+def _controls_cell(rows: list[dict]) -> str:
+    """The distinct positive-control outcomes of a notebook's claims, worst first: '3/3' (every
+    control learned at every seed), '0/3, 3/3' (one never learned), '—' (no claim carries one).
+
+    >>> _controls_cell([{"power_plan": "mdd 0.07; positive control moved in 3/3"},
+    ...                 {"power_plan": "positive control moved in 1/3"}, {"power_plan": "none"}])
+    '1/3, 3/3'
+    """
+    got = {(int(m[1]), int(m[2])) for r in rows
+           if (m := _MOVED.search(r.get("power_plan") or ""))}
+    return ", ".join(f"{k}/{n}" for k, n in sorted(got, key=lambda kn: kn[0] / kn[1])) or "—"
+
+
+def _wall_minutes(rows: list[dict]) -> float | None:
+    """A notebook's mean wall minutes per seed from its rows' 'wall_s' cells ('554 ± 2.3e+02')."""
+    for r in rows:
+        m = re.match(r"\s*([0-9.]+)", str(r.get("wall_s") or ""))
+        if m:
+            return float(m[1]) / 60
+    return None
 
 
 def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> list[dict]:
@@ -610,6 +634,8 @@ def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> lis
                     "mixed": sum(r["verdict"].startswith("mixed") for r in own),
                     "no power": n(NO_POWER), "not evidence": n("not evidence"),
                     "post hoc, no unseen seeds": n(NO_UNSEEN),
+                    "positive controls learned (seeds)": _controls_cell(g),
+                    "minutes per seed": "—" if (w := _wall_minutes(g)) is None else f"{w:.1f}",
                     "fidelity: code / text / unverifiable / differs": (
                         "—" if f is None else f"{f['checked_against_code']} / "
                         f"{f['checked_against_text_only']} / {f['unverifiable']} / "
@@ -624,9 +650,44 @@ def scoreboard_markdown(rows: list[dict], fidelity: dict[str, dict] | None = Non
         return ""
     head = "| " + " | ".join(SCOREBOARD_HEAD) + " |\n" + "|---" * len(SCOREBOARD_HEAD) + "|\n"
     return ("## Scoreboard\n\nEach notebook's own paper's claims (kind `paper`), by verdict; "
-            "the details follow.\n\n" + head +
+            "the details follow.\n\n" + scoreboard_summary(board) + "\n\n" + head +
             "\n".join("| " + " | ".join(str(b[k]) for k in SCOREBOARD_HEAD) + " |"
                       for b in board) + "\n")
+
+
+def scoreboard_summary(board: list[dict], jobs: int = 2) -> str:
+    """What the scoreboard adds up to: how many notebooks' positive controls learned at every
+    seed (of those with one), and the time of a run of every notebook at the board's seeds with
+    ``jobs`` at a time by the committed wall times (measured while other runs shared the cores: a
+    rough figure), with the share spent where a control has not learned at every seed.
+
+    >>> board = [{"positive controls learned (seeds)": "3/3", "minutes per seed": "10.0",
+    ...           "seeds": "0,1,2"},
+    ...          {"positive controls learned (seeds)": "0/3, 3/3", "minutes per seed": "30.0",
+    ...           "seeds": "0,1,2"},
+    ...          {"positive controls learned (seeds)": "—", "minutes per seed": "—", "seeds": "0"}]
+    >>> scoreboard_summary(board)
+    'Positive controls learned at every seed in 1 of the 2 notebooks that carry one. One run of these notebooks at their seeds, 2 at a time, takes about 1.0 h by the committed wall times (no time recorded for 1); 75% of it in notebooks whose control has not learned at every seed.'
+    """
+    with_pc = [b for b in board if b["positive controls learned (seeds)"] != "—"]
+    good = [b for b in with_pc if all(k == n for k, n in (x.split("/") for x in
+                                     b["positive controls learned (seeds)"].split(", ")))]
+
+    def minutes(b: dict) -> float:
+        return float(b["minutes per seed"]) * len(b["seeds"].split(","))
+
+    timed = [b for b in board if b["minutes per seed"] != "—"]
+    total = sum(minutes(b) for b in timed)
+    weak = sum(minutes(b) for b in timed if b in with_pc and b not in good)
+    text = (f"Positive controls learned at every seed in {len(good)} of the {len(with_pc)} "
+            f"notebooks that carry one. One run of these notebooks at their seeds, {jobs} at a "
+            f"time, takes about {total / jobs / 60:.1f} h by the committed wall times")
+    if len(timed) < len(board):
+        text += f" (no time recorded for {len(board) - len(timed)})"
+    if total:
+        text += (f"; {100 * weak / total:.0f}% of it in notebooks whose control has not learned "
+                 f"at every seed")
+    return text + "."
 
 
 def _figures(run_dirs: list[str]) -> list[tuple[str, str]]:
