@@ -240,6 +240,14 @@ def test_counts_exclude_extensions_and_second_papers():
         "Paper claims reproduced: 1 of 1; claims of aepo (another paper) reproduced: 1 of 1; "
         "extensions (our own findings, not the paper's): 1 of 2 hold.")
     assert "| paper of aepo |" in report.markdown(rows)
+    # an extension whose positive control never moved is counted apart, as the paper's are
+    flat = positive_control(0.3, 0.31, 256)
+    rows = report.summarise([result(s, [
+        claim("ours3", "an LM finding", "acc", 0.9, 0.5, ">", kind="extension",
+              power=power_plan(4096, 3), positive_control=flat)]) for s in (0, 1, 2)])
+    assert report.count_line(rows) == (
+        "No paper claims; extensions (our own findings, not the paper's): 0 of 1 hold, "
+        "1 without power.")
 
 
 def test_registry_refuses_bad_claims():

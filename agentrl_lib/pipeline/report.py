@@ -421,11 +421,15 @@ def count_line(rows: list[dict]) -> str:
             line += f" ({c['not_evidence']} hold but are not evidence)"
     else:
         line = "No paper claims"
+    def unpowered(t: dict) -> str:
+        return f", {t['no_power']} without power" if t["no_power"] else ""
+
     for pid, t in c["second_papers"].items():
-        line += f"; claims of {pid} (another paper) reproduced: {t['reproduced']} of {t['of']}"
+        line += (f"; claims of {pid} (another paper) reproduced: {t['reproduced']} of {t['of']}"
+                 + unpowered(t))
     if c["extension"]["of"]:
         line += (f"; extensions (our own findings, not the paper's): {c['extension']['reproduced']}"
-                 f" of {c['extension']['of']} hold")
+                 f" of {c['extension']['of']} hold" + unpowered(c["extension"]))
     known = {k: v for k, v in c["other"].items() if k != UNKNOWN_KIND}
     if known:
         line += "; not counted: " + ", ".join(f"{v} {k}" for k, v in sorted(known.items()))
