@@ -285,6 +285,27 @@ def test_one_update_changes_parameters_and_dynamic_sampling():
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_train_stops_when_stop_says_so(tiny_lm):
+    """``stop(row)`` ends training after that update (a budget, here of completions), evaluated
+    then; without it the loop runs ``num_iters``."""
+    from agentrl_lib.envs.text_tasks import make_problems
+
+    model, tok = tiny_lm
+    probs = make_problems("arithmetic", 20, 1)
+    cfg = GRPOConfig(num_prompts=2, group_size=2, num_iters=50, max_new_tokens=3, eval_every=100)
+    one = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
+    paid = []
+
+    def spent(row):  # 4 completions an update: the budget 10 is reached at the third
+        paid.append(4)
+        return sum(paid) >= 10
+
+    rows = grpo.train(model, grpo.completion_sampler(tok, probs, [one], cfg), cfg,
+                      evaluate=lambda m: {"n": 1.0}, stop=spent)
+    assert [r["iter"] for r in rows] == [0, 1, 2, 3] and "eval/n" in rows[-1]
+    assert "eval/n" not in rows[1]
+
+
 def test_evaluate_samples_k_completions_with_seeded_draws(tiny_lm):
     """``evaluate(samples=k)`` scores k sampled completions of every problem, the same draws at
     every call with one seed and other draws with another; ``samples=0`` is one greedy each."""

@@ -523,7 +523,7 @@ def _credit_metrics(credit_fn) -> dict:
 
 def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=None,
           on_step=None, eos_id: int | None = None, credit_fn=None, regulariser=None,
-          initial_eval: dict | None = None) -> list[dict]:
+          initial_eval: dict | None = None, stop=None) -> list[dict]:
     """GRPO-family training, single- or multi-turn by the sampling function: ``sample`` from
     ``completion_sampler`` or ``episode_sampler`` (built with this ``cfg``); AdamW at ``cfg.lr``;
     each update runs ``advantages`` then ``update``. ``ref_model`` is needed when ``cfg.beta`` != 0,
@@ -531,8 +531,10 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
     estimator (``advantages``; 'turn_gae', 'hiper' and 'empg' get ``lm_credit(cfg, model)`` when
     none is given), and its ``metrics`` (a dict, or a list whose last dict is the latest
     call's), if it has any, are logged under ``credit/``; ``regulariser`` adds a term of the token
-    entropies to the loss (``update``); ``initial_eval``: the start's evaluation, when known.
-    Returns the logged rows (``loop.run``)."""
+    entropies to the loss (``update``); ``initial_eval``: the start's evaluation, when known;
+    ``stop(row) -> bool`` ends training after the update whose row it is (evaluated then), before
+    ``cfg.num_iters`` (a budget of tool calls, as ``arpo.train``'s). Returns the logged rows
+    (``loop.run``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     if credit_fn is None and cfg.estimator in (*CRITIC_ESTIMATORS, "empg"):
         credit_fn = lm_credit(cfg, model)  # its critic, or the model's turn entropies
@@ -543,8 +545,8 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
                 **update(model, opt, batch, cfg, ref_model, regulariser, it)}
 
     return loop.run(model, sample, update_fn, cfg.num_iters, evaluate=evaluate,
-                    eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
-                    on_step=on_step, desc="grpo", report_to=cfg.report_to,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, stop=stop,
+                    logger=logger, on_step=on_step, desc="grpo", report_to=cfg.report_to,
                     logging_dir=cfg.logging_dir)
 
 
