@@ -22,6 +22,9 @@ def test_notebook_is_clean_and_declared(path):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert not [i for i, c in enumerate(code) if c.get("outputs")], "commit notebooks without outputs"
     assert all(c.get("execution_count") is None for c in code), "clear execution counts"
+    if (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5):  # nbformat 4.5: every cell has its id
+        ids = [c.get("id") for c in nb["cells"]]
+        assert None not in ids and len(set(ids)) == len(ids), "every cell needs a unique id"
     info = nbs.load_notebook(path, ROOT)  # parses the parameters cell and validates the profiles
     assert {"seed", "profile"} <= set(info.params)
     assert info.params["profile"].default == "ci"
