@@ -85,3 +85,22 @@ def test_the_tool_object_for_trl(cache):
     public = [n for n, _ in inspect.getmembers(TextWorldToolEnv, inspect.isfunction)
               if not n.startswith("_") and n not in ("reset", "get_reward")]
     assert public == ["act"]
+
+
+def test_the_plan_key_follows_the_walkthrough(cache):
+    """state_key='plan': a command that changes nothing keeps the key, a move changes it, going
+    back restores it; the observed key sees the same states (coin collector: exact)."""
+    keys = {}
+    for kind in ("plan", "observed"):
+        env = TextWorldEnv("tw-coin_collector", {"level": 2}, max_turns=8, cache=cache,
+                           state_key=kind)
+        env.reset(seed=3)
+        start = env.state_key()
+        go = env.walkthrough()[0]
+        back = {"north": "south", "south": "north", "east": "west", "west": "east"}[go.split()[1]]
+        seen = [env.step(c)[3]["state_key"] for c in ("look", "inventory", go, "go " + back)]
+        assert seen[0] == start and seen[2] != start and seen[3] == start
+        keys[kind] = seen
+    assert keys["plan"][2] == (3, ("take coin",), 0)
+    with pytest.raises(ValueError, match="state_key"):
+        TextWorldEnv(state_key="text")
