@@ -129,8 +129,8 @@ class TextWorldEnv:
     commands of the new state). State key (``state_key``): 'observed' (seed, the room's
     description, the inventory, the score): the game's state as the player can know it; 'plan'
     (seed, the walkthrough from here, the score): what is left to do, about 2.5x cheaper a turn
-    (TextWorld gathers the description and the inventory by sending the game two more commands
-    each turn), exact where the walkthrough determines the state (coin collector: the room
+    (measured: TextWorld's Inform 7 wrapper tracks the description and the inventory through
+    the game's ``tw-extra-infos`` output every turn), exact where the walkthrough determines the state (coin collector: the room
     relative to the coin) and coarser where it does not (an object taken off the walkthrough's
     path leaves the key as it was).
 
