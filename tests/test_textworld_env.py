@@ -85,3 +85,39 @@ def test_the_tool_object_for_trl(cache):
     public = [n for n, _ in inspect.getmembers(TextWorldToolEnv, inspect.isfunction)
               if not n.startswith("_") and n not in ("reset", "get_reward")]
     assert public == ["act"]
+
+
+def test_the_plan_key_follows_the_walkthrough(cache):
+    """state_key='plan': a command that changes nothing keeps the key, a move changes it, going
+    back restores it; the observed key sees the same states (coin collector: exact)."""
+    keys = {}
+    for kind in ("plan", "observed"):
+        env = TextWorldEnv("tw-coin_collector", {"level": 2}, max_turns=8, cache=cache,
+                           state_key=kind)
+        env.reset(seed=3)
+        start = env.state_key()
+        go = env.walkthrough()[0]
+        back = {"north": "south", "south": "north", "east": "west", "west": "east"}[go.split()[1]]
+        seen = [env.step(c)[3]["state_key"] for c in ("look", "inventory", go, "go " + back)]
+        assert seen[0] == start and seen[2] != start and seen[3] == start
+        keys[kind] = seen
+    assert keys["plan"][2] == (3, ("take coin",), 0)
+    with pytest.raises(ValueError, match="state_key"):
+        TextWorldEnv(state_key="text")
+
+
+def test_registered_and_played_by_the_scripted_policy(cache):
+    """AGENT_ENVS['textworld'] is the environment of the SFT bases; the scripted policy plays the
+    walkthrough at epsilon 0 and only admissible commands at epsilon 1 (sft.scripted_policy)."""
+    import numpy as np
+
+    from agentrl_lib.algorithms.sft import TW_AGENT_GAME, scripted_policy
+    from agentrl_lib.envs import AGENT_ENVS, make_agent_env
+    from agentrl_lib.rollout import play_episodes
+
+    assert AGENT_ENVS["textworld"] is TextWorldEnv
+    make = lambda: make_agent_env("textworld", **TW_AGENT_GAME, cache=cache)  # noqa: E731
+    best = play_episodes(make, scripted_policy(0.0, np.random.default_rng(0)), [3, 4], 1)
+    assert all(ep.success and len(ep) == 2 for ep in best)
+    noisy = play_episodes(make, scripted_policy(1.0, np.random.default_rng(0)), [3], 3)
+    assert all(all(ep.valid) for ep in noisy) and len({tuple(ep.actions) for ep in noisy}) > 1

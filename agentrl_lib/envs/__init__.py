@@ -15,11 +15,12 @@ from agentrl_lib.envs.kg_search import KGMenuEnv, KGSearchEnv  # noqa: F401
 from agentrl_lib.envs.kg_judge import KGJudgeEnv, KGJudgeMenuEnv  # noqa: F401
 from agentrl_lib.envs.kg_team import KGTeamEnv  # noqa: F401
 from agentrl_lib.envs.memory_grid import MemoryGridEnv  # noqa: F401
+from agentrl_lib.envs.textworld_env import TextWorldEnv  # noqa: F401
 
 AGENT_ENVS = {"grid": GridAgentEnv, "subtask_grid": SubtaskGridEnv,
               "twenty_questions": TwentyQuestionsEnv, "shop": ShopEnv, "kg_search": KGSearchEnv,
               "kg_menu": KGMenuEnv, "kg_judge": KGJudgeEnv, "kg_judge_menu": KGJudgeMenuEnv,
-              "kg_team": KGTeamEnv, "memory_grid": MemoryGridEnv}
+              "kg_team": KGTeamEnv, "memory_grid": MemoryGridEnv, "textworld": TextWorldEnv}
 """the multi-turn text environments by name (agent SFT bases, sweeps)"""
 
 
