@@ -10,6 +10,8 @@ overwrite a file that exists.
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import re
 from pathlib import Path
@@ -224,6 +226,8 @@ def notebook(stem: str, module: str, family: str) -> dict:
            "the objective; `check` compares it with the library's on random inputs.\n\n"
            "Reference: TODO (the paper's link and its numbers)."), code(EXERCISE),
     ]
+    for i, cell in enumerate(cells):  # nbformat 4.5: a unique id each, the same at every run
+        cell["id"] = hashlib.sha1(f"{stem}/{i}".encode()).hexdigest()[:8]
     meta = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},
             "agentrl": {"title": f"TODO: the title of {stem}", "paper": "TODO: the paper's title",
