@@ -1,19 +1,21 @@
 """Online process reward learning: an implicit PRM fitted by trajectory DPO, alternating with the
 policy (Liu et al. 2025, "Agentic Reinforcement Learning with Implicit Step Rewards" (iStar),
 arXiv:2509.19199; the catalog's ``oprl``). The main form is the released code's
-(Tongyi-ConvAI/Tongyi-Character, ``CharacterRL-iStar/`` @ dfee104; reproductions/fidelity/37_oprl.md).
+(Tongyi-ConvAI/Tongyi-Character, ``CharacterRL-iStar/`` @ dfee104; see
+reproductions/fidelity/37_oprl.md).
 
 **The implicit PRM.** A second policy pi_phi over the same (key, action) space; its *implicit step
 reward* is the log-ratio to a reference, the rollout policy pi_old (``dp_rm._forward_micro_batch``:
 ``q = rm_log_labels - old_log_probs``, ``r = q * beta``, summed over a step's tokens)::
 
-    r_phi(k_t, a_t) = beta * ( log pi_phi(a_t | k_t) - log pi_ref(a_t | k_t) )            (step reward)
+    r_phi(k_t, a_t) = beta * ( log pi_phi(a_t | k_t) - log pi_ref(a_t | k_t) )      (step reward)
 
 **Trajectory DPO (the released ``loss_type=eto``, ``rm_utils.compute_eto_loss_rm``).** Within a
 group (episodes of one task), every (success, failure) pair, success = R > 0, failure = R <= 0, is
 a preference; a trajectory is scored by the *mean* of its step rewards (``traj_score='mean'``)::
 
-    s_phi(tau) = (1 / T) sum_t r_phi(tau)_t,   L(phi) = - mean_(w, l) log sigma( s_phi(tau_w) - s_phi(tau_l) )
+    s_phi(tau) = (1 / T) sum_t r_phi(tau)_t
+    L(phi) = - mean_(w, l) log sigma( s_phi(tau_w) - s_phi(tau_l) )
 
 i.e. ``dpo.dpo_loss`` on the per-turn *mean* log-probs. **Alternation (``update='after'``, the
 released setting: "single-forward: update and directly return the reward").** Each batch: the
@@ -208,7 +210,8 @@ def trajectory_dpo_loss(logps_n: torch.Tensor, ref_logps_n: torch.Tensor, owner_
     (N,) averaged over its turns (``traj_score='mean'``, the released ``compute_eto_loss_rm``) or
     summed (``'sum'``, DPO's sequence log-ratio); ``owner_n`` (N,) = episode index of each turn;
     then ``dpo.dpo_loss`` (sigmoid) on the (chosen, rejected) pairs (P,), so the logit is
-    s(tau_w) - s(tau_l) with s the mean (or sum) of the step rewards. Returns (mean loss, metrics)."""
+    s(tau_w) - s(tau_l) with s the mean (or sum) of the step rewards. Returns (mean loss,
+    metrics)."""
     if traj_score not in TRAJ_SCORES:
         raise ValueError(f"traj_score must be one of {TRAJ_SCORES}, got {traj_score!r}")
     seq = torch.zeros(num_episodes, dtype=logps_n.dtype).index_add(0, owner_n, logps_n)  # (B,)
@@ -216,13 +219,15 @@ def trajectory_dpo_loss(logps_n: torch.Tensor, ref_logps_n: torch.Tensor, owner_
     if traj_score == "mean":
         turns = torch.bincount(owner_n, minlength=num_episodes).clamp(min=1).to(seq.dtype)  # (B,)
         seq, ref = seq / turns, ref / turns
-    losses, metrics = dpo_loss(seq[chosen], seq[rejected], ref[chosen], ref[rejected], beta=beta)  # (P,)
+    losses, metrics = dpo_loss(seq[chosen], seq[rejected], ref[chosen], ref[rejected],
+                               beta=beta)  # (P,)
     return losses.mean(), metrics
 
 
 def _step_values(episodes, step_rewards, gamma: float) -> list[np.ndarray]:
     if len(step_rewards) != len(episodes):
-        raise ValueError(f"step_rewards has {len(step_rewards)} entries for {len(episodes)} episodes")
+        raise ValueError(f"step_rewards has {len(step_rewards)} entries for {len(episodes)} "
+                         "episodes")
     values = []
     for ep, r in zip(episodes, step_rewards):
         r = np.asarray(r, dtype=np.float64)
@@ -284,11 +289,13 @@ def step_level_advantages(episodes, step_rewards, gamma: float = 0.0, norm_adv: 
 
 def oprl_advantages(episodes, step_rewards, alpha: float = 1.0, gamma: float = 0.0,
                     norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
-                    estimator: str = "istar_rloo", istar_norm: str = "batch_norm") -> list[np.ndarray]:
+                    estimator: str = "istar_rloo",
+                    istar_norm: str = "batch_norm") -> list[np.ndarray]:
     """iStar's combined advantage A_t = A^E_i + alpha * A^S_t of the given implicit step rewards:
     ``estimator='istar_rloo'`` (released, ``istar_rloo_advantages``; ``istar_norm`` applies) or
     ``'all_steps'`` (the variant: A^E the undiscounted outcome normalised in its group as GRPO, A^S
-    ``step_level_advantages``; ``norm_adv``, ``ddof``, ``eps`` apply). (T_i,) float64 per episode."""
+    ``step_level_advantages``; ``norm_adv``, ``ddof``, ``eps`` apply). (T_i,) float64 per
+    episode."""
     if estimator == "istar_rloo":
         return istar_rloo_advantages(episodes, step_rewards, alpha, gamma, istar_norm)
     if estimator != "all_steps":
@@ -396,7 +403,8 @@ class ImplicitPRM:
         self.theta = theta.detach()
         with torch.no_grad():
             loss, m = loss_of(self.theta)
-        return {"dpo_loss": loss.item(), "pair_accuracy": m["rewards/accuracies"], "num_pairs": len(c)}
+        return {"dpo_loss": loss.item(), "pair_accuracy": m["rewards/accuracies"],
+                "num_pairs": len(c)}
 
     def step_rewards(self, episodes, ref_logps=None) -> list[np.ndarray]:
         """r_t = beta (log pi_phi - log pi_ref) per episode, (T_i,) each."""
