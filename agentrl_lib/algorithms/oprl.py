@@ -1,56 +1,73 @@
 """Online process reward learning: an implicit PRM fitted by trajectory DPO, alternating with the
 policy (Liu et al. 2025, "Agentic Reinforcement Learning with Implicit Step Rewards" (iStar),
-arXiv:2509.19199; the catalog's ``oprl``).
+arXiv:2509.19199; the catalog's ``oprl``). The main form is the released code's
+(Tongyi-ConvAI/Tongyi-Character, ``CharacterRL-iStar/`` @ dfee104; see
+reproductions/fidelity/37_oprl.md).
 
 **The implicit PRM.** A second policy pi_phi over the same (key, action) space; its *implicit step
-reward* is the log-ratio to a reference (the rollout policy pi_old in the paper)::
+reward* is the log-ratio to a reference, the rollout policy pi_old (``dp_rm._forward_micro_batch``:
+``q = rm_log_labels - old_log_probs``, ``r = q * beta``, summed over a step's tokens)::
 
-    r_phi(k_t, a_t) = beta * ( log pi_phi(a_t | k_t) - log pi_ref(a_t | k_t) )            (step reward)
+    r_phi(k_t, a_t) = beta * ( log pi_phi(a_t | k_t) - log pi_ref(a_t | k_t) )      (step reward)
 
-**Trajectory DPO.** Within a group (episodes of one task), every pair whose outcomes differ,
-R(tau_w) > R(tau_l), is a preference; the PRM is fitted by DPO on the *summed* per-trajectory
-log-ratios, i.e. ``dpo.dpo_loss`` with sequence log-probs sum_t log pi_phi(a_t | k_t)::
+**Trajectory DPO (the released ``loss_type=eto``, ``rm_utils.compute_eto_loss_rm``).** Within a
+group (episodes of one task), every (success, failure) pair, success = R > 0, failure = R <= 0, is
+a preference; a trajectory is scored by the *mean* of its step rewards (``traj_score='mean'``)::
 
-    L(phi) = - mean_(w, l) log sigma( sum_t r_phi(tau_w)_t - sum_t r_phi(tau_l)_t )          (traj DPO)
+    s_phi(tau) = (1 / T) sum_t r_phi(tau)_t
+    L(phi) = - mean_(w, l) log sigma( s_phi(tau_w) - s_phi(tau_l) )
 
-so the step rewards are a decomposition of a trajectory-level Bradley-Terry score: their sum
-orders trajectories as the outcomes do, and how the sum is split over the steps is what the
-table learns across many pairs that share (key, action) steps. The PRM is trained *online*: each
-batch, ``num_epochs`` Adam steps on that batch's pairs (warm-started), then the policy update,
-then the next batch (the alternation of the paper).
+i.e. ``dpo.dpo_loss`` on the per-turn *mean* log-probs. **Alternation (``update='after'``, the
+released setting: "single-forward: update and directly return the reward").** Each batch: the
+step rewards come from the PRM *before* its step on that batch (phi trained through batch b-1),
+then ``num_epochs`` Adam steps (the released code: one) on the batch's pairs, then the policy's
+update on those rewards.
 
-**Advantages.** The episode-level GRPO advantage A^E_i (the outcome normalised in its group, as
-``credit.episode_advantages``) plus ``alpha`` times a step-level advantage: the step reward
-(or its discounted return-to-go when ``gamma`` > 0) normalised over *all steps of the group's
-episodes*::
+**Advantages (the released ``istar_rloo``, ``core_istar.compute_istar_rloo_advantage``).** The
+step rewards are divided by the batch's largest |r| (``istar_norm='batch_norm'``,
+``dp_rm.istar_norm``); each group's statistics are taken from *one row per trajectory*, its first
+(``seen_pairs``: turn 0 in our batch order), and scaled by G / (G - 1) (G trajectories in the group;
+a group of one keeps its raw value)::
 
-    A_t = A^E_i + alpha * (r_t - mean(R_s)) / std(R_s),   R_s = {r_phi of every step of the group}
+    r~_t = r_t / (max_batch |r| + 1e-6)
+    A^E_i = G / (G - 1) * (R_i - mean_j R_j)                       (episode_rloo_reward: RLOO)
+    A^S_it = G / (G - 1) * (r~_it - mean_j r~_j0)                  (step_rloo_reward)
+    A_it = A^E_i + alpha * A^S_it                                  (step_advantage_w = alpha = 1)
+
+**Named variants** (not the default): ``traj_score='sum'`` (DPO's sequence log-ratio, the sum of
+the step rewards), ``update='before'`` (fit the PRM on the batch first, then score it: in-sample;
+PRIME's double forward), ``pairs='all'`` (every pair with R_w > R_l: the same as the released pairs
+for 0/1 outcomes) or ``'best_worst'``, ``estimator='all_steps'`` (GRPO's A^E plus the step reward
+normalised over all steps of the group, with std): ``SUM_FORM_VARIANT`` holds this notebook's form
+before issue 27. ``gamma`` > 0 uses the step rewards' return-to-go (PRIME's; the released
+multi-turn code has none).
+
+**Potential-based shaping.** The loss sees only per-trajectory scores. A potential difference
+Phi(k') - Phi(k) added to every step reward telescopes to Phi(end) - Phi(start) over a trajectory,
+so with Phi 0 at the start and the end states (or equal there) both the sum and the mean score are
+unchanged: the step rewards are identified up to such a potential, which leaves the optimal
+policy unchanged (Ng et al. 1999). The mean score is, besides, unchanged by a constant added to
+every step reward; the sum score moves by c * T, so it orders trajectories of different lengths
+by any drift of the step rewards.
 
 ``oprl_advantages`` takes the step rewards as an argument (pure); ``oprl_batch_advantages`` fits a
 fresh PRM on the batch alone and returns the advantages (the credit arena's entry, as ArCHer's
-critic is fitted there; pass ``policy=`` the behaviour policy for the paper's reference);
+critic is fitted there; a fresh PRM scored before its step would score 0, so it fits first);
 ``OPRLCredit`` is the stateful ``credit_fn`` for ``agent_pg.train`` and ``grpo.train`` (one PRM
 kept across batches).
 
-**Potential-based shaping.** Only sums over whole trajectories enter the DPO loss, so any
-r'(k, a) = r(k, a) + Phi(k') - Phi(k) with Phi(start) = Phi(end) (e.g. 0 at both) has the same
-loss; the step rewards are identified up to such a potential, which leaves the optimal policy
-unchanged (Ng et al. 1999) -- the paper's argument that the implicit step rewards are a shaping of
-the outcome reward.
+Taken from the released code: the log-ratio step reward with pi_old as reference, the PRM started
+from the policy, the pairs, the mean trajectory score, beta = 0.05 (``beta_train``), one optimizer
+step per batch on rewards read before it (``update=after``), ``istar_norm``, the first-row RLOO
+statistics, alpha = 1 (``step_advantage_w``), no return-to-go (``lambda`` = 0). Ours: the PRM is
+a table of logits over (key, action) (an MLP would do the same) rather than a copy of the LLM,
+rows created at first sight at the reference's logits where given (else uniform), and its Adam lr.
+Not adopted: the released ``update_rm_eto`` computes the loss on detached values, so as released
+no gradient reaches the PRM (fidelity item 12; ``lr = 0`` runs that behaviour).
 
-Taken from the paper: the log-ratio step reward with pi_old as reference, the trajectory-level
-DPO objective on outcome preferences of one task's rollouts, the alternation PRM update / policy
-update, A = A^E + alpha A^S with A^S the step reward normalised over the group's steps, alpha = 1.
-Inferred (written when the paper's repository held only compiled files; its source,
-Tongyi-ConvAI/Tongyi-Character ``CharacterRL-iStar/`` @ dfee104, is compared in
-reproductions/fidelity/37_oprl.md): pairs = every (better, worse) pair of a
-group; the PRM here is a table of logits over (key, action) (an MLP would do the same) rather than
-a copy of the LLM, initialised at the reference's logits where given (else uniform); the immediate
-step reward (``gamma = 0``) as the step-level quantity (``gamma`` > 0 gives PRIME's return-to-go
-variant); ``beta`` and the PRM's lr and steps per batch.
-
-Conventions follow ``credit.py``: group normalisation with ddof = 1 and eps = 1e-4, exactly 0 for
-a group of one or all-equal values; per-episode float64 arrays (T_i,). Tensors live on the cpu.
+Conventions of the ``all_steps`` variant follow ``credit.py``: group normalisation with ddof = 1
+and eps = 1e-4, exactly 0 for a group of one or all-equal values. Per-episode float64 arrays
+(T_i,). Tensors live on the cpu.
 """
 
 from __future__ import annotations
@@ -65,35 +82,60 @@ from agentrl_lib.algorithms.dpo import dpo_loss
 from agentrl_lib.models.policies import KeyRows
 from agentrl_lib.utils import optimizer_step
 
-PAIRINGS = ("all", "best_worst")
-REFERENCES = ("uniform", "given")
+PAIRINGS = ("success_failure", "all", "best_worst")
+TRAJ_SCORES = ("mean", "sum")
+UPDATES = ("after", "before")
+ESTIMATORS = ("istar_rloo", "all_steps")
+ISTAR_NORMS = ("batch_norm", "none")
+ISTAR_NORM_EPS = 1e-6  # dp_rm.istar_norm: r / (max |r| + 1e-6)
+
+SUM_FORM_VARIANT = dict(beta=1.0, num_epochs=20, pairs="all", traj_score="sum", update="before",
+                        estimator="all_steps")
+"""``OPRLConfig(**SUM_FORM_VARIANT)``: this notebook's form before issue 27 (DPO on summed step
+rewards, a PRM fitted to the batch it then scores, A^S normalised over all the group's steps on
+GRPO's A^E, beta 1 and 20 Adam steps per batch). A named variant, never the default."""
 
 
 @dataclass
 class OPRLConfig:
-    beta: float = 1.0
-    """scale of the implicit reward beta * log(pi_phi / pi_ref) (DPO's beta)"""
+    beta: float = 0.05
+    """scale of the implicit reward beta * log(pi_phi / pi_ref) (released ``beta_train`` 0.05)"""
     alpha: float = 1.0
-    """weight of the step-level advantage in A = A^E + alpha A^S (paper: 1)"""
+    """weight of the step-level advantage in A = A^E + alpha A^S (released ``step_advantage_w``)"""
     gamma: float = 0.0
-    """discount of the step rewards' return-to-go for A^S; 0: the step reward alone (the paper's
-    form, inferred); 1: PRIME's return-to-go"""
+    """discount of the step rewards' return-to-go for A^S; 0: the step reward alone (the released
+    form); 1: PRIME's return-to-go (a variant)"""
     lr: float = 0.1
-    """Adam learning rate of the PRM table"""
-    num_epochs: int = 20
-    """full-batch Adam steps of trajectory DPO per batch"""
-    pairs: str = "all"
-    """'all': every (better, worse) pair of a group; 'best_worst': one pair per group"""
+    """Adam learning rate of the PRM table (ours: a table's lr; the released LLM PRM's is 1e-6)"""
+    num_epochs: int = 1
+    """full-batch Adam steps of trajectory DPO per batch (released: one optimizer step)"""
+    pairs: str = "success_failure"
+    """'success_failure': every (R > 0, R <= 0) pair of a group (released); 'all': every pair with
+    R_w > R_l; 'best_worst': one pair per group"""
+    traj_score: str = "mean"
+    """the trajectory's score in the DPO loss: 'mean' of its step rewards (released) or 'sum'"""
+    update: str = "after"
+    """'after': score the batch with the PRM before its step on it (released); 'before': fit on
+    the batch first, then score it"""
+    estimator: str = "istar_rloo"
+    """'istar_rloo': core_istar's first-row RLOO A^E + A^S (released); 'all_steps': GRPO's A^E +
+    A^S normalised over all the group's steps"""
+    istar_norm: str = "batch_norm"
+    """'batch_norm': divide the step rewards by the batch's max |r| before 'istar_rloo' (released
+    config default); 'none'"""
     norm_adv: bool = True
-    """divide by the group std (GRPO); False: mean-centred only"""
+    """'all_steps' only: divide by the group std (GRPO); False: mean-centred only"""
     ddof: int = 1
-    """std's delta degrees of freedom (credit.py's convention)"""
+    """'all_steps' only: std's delta degrees of freedom (credit.py's convention)"""
     eps: float = 1e-4
-    """added to the std"""
+    """'all_steps' only: added to the std"""
 
     def __post_init__(self):
-        if self.pairs not in PAIRINGS:
-            raise ValueError(f"pairs must be one of {PAIRINGS}, got {self.pairs!r}")
+        for name, allowed in (("pairs", PAIRINGS), ("traj_score", TRAJ_SCORES),
+                              ("update", UPDATES), ("estimator", ESTIMATORS),
+                              ("istar_norm", ISTAR_NORMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if not 0.0 <= self.gamma <= 1.0:
@@ -103,14 +145,18 @@ class OPRLConfig:
 
 
 # --- pure pieces ----------------------------------------------------------------------------------
-def preference_pairs(episodes, pairs: str = "all") -> tuple[np.ndarray, np.ndarray]:
-    """(chosen, rejected) episode indices (P,) each: within each group, every pair (i, j) with
-    R_i > R_j ('all'), or the first best against the first worst ('best_worst'). A group whose
-    returns are all equal gives no pair.
+def preference_pairs(episodes, pairs: str = "success_failure") -> tuple[np.ndarray, np.ndarray]:
+    """(chosen, rejected) episode indices (P,) each. Within each group (order of first
+    appearance): 'success_failure', every (i, j) with R_i > 0 >= R_j, successes and failures each
+    in batch order (``rm_utils.compute_eto_loss_rm``); 'all', every (i, j) with R_i > R_j; or
+    'best_worst', the first best against the first worst. A group whose returns are all equal
+    gives no pair.
 
     >>> from agentrl_lib.rollout import Episode
     >>> eps = [Episode.of(["s"], [1.0]), Episode.of(["s"], [0.0]), Episode.of(["s"], [0.5])]
     >>> [x.tolist() for x in preference_pairs(eps)]
+    [[0, 2], [1, 1]]
+    >>> [x.tolist() for x in preference_pairs(eps, "all")]
     [[0, 0, 2], [1, 2, 1]]
     """
     if pairs not in PAIRINGS:
@@ -118,7 +164,14 @@ def preference_pairs(episodes, pairs: str = "all") -> tuple[np.ndarray, np.ndarr
     chosen, rejected = [], []
     for members in credit.groups_of(episodes).values():
         rets = {i: episodes[i].ret for i in members}
-        if pairs == "all":
+        if pairs == "success_failure":
+            wins = [i for i in members if rets[i] > 0]
+            losses = [j for j in members if rets[j] <= 0]
+            for i in wins:
+                for j in losses:
+                    chosen.append(i)
+                    rejected.append(j)
+        elif pairs == "all":
             for i in members:
                 for j in members:
                     if rets[i] > rets[j]:
@@ -139,41 +192,123 @@ def implicit_step_rewards(logps, ref_logps, beta: float) -> list[np.ndarray]:
             for lp, rp in zip(logps, ref_logps)]
 
 
+def trajectory_scores(step_rewards, traj_score: str = "mean") -> np.ndarray:
+    """Each episode's score from its step rewards, (B,): their mean (released) or sum; 0 for an
+    episode without turns."""
+    if traj_score not in TRAJ_SCORES:
+        raise ValueError(f"traj_score must be one of {TRAJ_SCORES}, got {traj_score!r}")
+    sums = np.array([float(np.sum(r)) for r in step_rewards])
+    if traj_score == "sum":
+        return sums
+    return sums / np.maximum([len(r) for r in step_rewards], 1)
+
+
 def trajectory_dpo_loss(logps_n: torch.Tensor, ref_logps_n: torch.Tensor, owner_n: torch.Tensor,
                         num_episodes: int, chosen: torch.Tensor, rejected: torch.Tensor,
-                        beta: float) -> tuple[torch.Tensor, dict]:
-    """Trajectory DPO on flat per-turn log-probs: sum each episode's log pi_phi (N,) and
-    log pi_ref (N,) over its turns (``owner_n`` (N,) = episode index of each turn), then
-    ``dpo.dpo_loss`` (sigmoid) on the (chosen, rejected) pairs (P,). Returns (mean loss, metrics)."""
+                        beta: float, traj_score: str = "mean") -> tuple[torch.Tensor, dict]:
+    """Trajectory DPO on flat per-turn log-probs: each episode's log pi_phi (N,) and log pi_ref
+    (N,) averaged over its turns (``traj_score='mean'``, the released ``compute_eto_loss_rm``) or
+    summed (``'sum'``, DPO's sequence log-ratio); ``owner_n`` (N,) = episode index of each turn;
+    then ``dpo.dpo_loss`` (sigmoid) on the (chosen, rejected) pairs (P,), so the logit is
+    s(tau_w) - s(tau_l) with s the mean (or sum) of the step rewards. Returns (mean loss,
+    metrics)."""
+    if traj_score not in TRAJ_SCORES:
+        raise ValueError(f"traj_score must be one of {TRAJ_SCORES}, got {traj_score!r}")
     seq = torch.zeros(num_episodes, dtype=logps_n.dtype).index_add(0, owner_n, logps_n)  # (B,)
     ref = torch.zeros(num_episodes, dtype=ref_logps_n.dtype).index_add(0, owner_n, ref_logps_n)  # (B,)
-    losses, metrics = dpo_loss(seq[chosen], seq[rejected], ref[chosen], ref[rejected], beta=beta)  # (P,)
+    if traj_score == "mean":
+        turns = torch.bincount(owner_n, minlength=num_episodes).clamp(min=1).to(seq.dtype)  # (B,)
+        seq, ref = seq / turns, ref / turns
+    losses, metrics = dpo_loss(seq[chosen], seq[rejected], ref[chosen], ref[rejected],
+                               beta=beta)  # (P,)
     return losses.mean(), metrics
 
 
-def step_level_advantages(episodes, step_rewards, gamma: float = 0.0, norm_adv: bool = True,
-                          ddof: int = 1, eps: float = 1e-4) -> list[np.ndarray]:
-    """A^S_t: the step reward (or its return-to-go with ``gamma`` > 0) normalised over all steps
-    of the episode's group, (T_i,) per episode; 0 for a group whose values are all equal."""
+def _step_values(episodes, step_rewards, gamma: float) -> list[np.ndarray]:
     if len(step_rewards) != len(episodes):
-        raise ValueError(f"step_rewards has {len(step_rewards)} entries for {len(episodes)} episodes")
+        raise ValueError(f"step_rewards has {len(step_rewards)} entries for {len(episodes)} "
+                         "episodes")
     values = []
     for ep, r in zip(episodes, step_rewards):
         r = np.asarray(r, dtype=np.float64)
         if len(r) != len(ep):
             raise ValueError(f"step rewards of length {len(r)} for an episode of {len(ep)} turns")
         values.append(credit.returns_to_go(r, gamma) if gamma > 0 else r)
+    return values
+
+
+def istar_normalise(step_rewards, istar_norm: str = "batch_norm") -> list[np.ndarray]:
+    """``dp_rm.istar_norm``: 'batch_norm' divides every step reward by (the batch's largest |r|
+    + 1e-6); 'none' leaves them. (T_i,) per episode."""
+    if istar_norm not in ISTAR_NORMS:
+        raise ValueError(f"istar_norm must be one of {ISTAR_NORMS}, got {istar_norm!r}")
+    r = [np.asarray(x, dtype=np.float64) for x in step_rewards]
+    if istar_norm == "none":
+        return r
+    scale = max((float(np.abs(x).max()) for x in r if len(x)), default=0.0) + ISTAR_NORM_EPS
+    return [x / scale for x in r]
+
+
+def first_row_rloo(values, episodes) -> list[np.ndarray]:
+    """``core_istar.step_rloo_reward`` (and ``episode_rloo_reward``) on per-turn values: in each
+    group, the mean m of one value per trajectory, its first turn's (the first row of each
+    ``traj_uid``), then every turn's value v -> G / (G - 1) * (v - m), G the group's trajectories
+    with a turn; a group of one keeps v (the released code's n = 1 branch). (T_i,) per episode."""
+    out = [np.asarray(v, dtype=np.float64).copy() for v in values]
+    for members in credit.groups_of(episodes).values():
+        members = [i for i in members if len(out[i])]
+        n = len(members)
+        if n < 2:
+            continue
+        m = float(np.mean([out[i][0] for i in members]))
+        for i in members:
+            out[i] = out[i] * n / (n - 1) - m * n / (n - 1)  # the released expression, in its order
+    return out
+
+
+def istar_rloo_advantages(episodes, step_rewards, alpha: float = 1.0, gamma: float = 0.0,
+                          istar_norm: str = "batch_norm") -> list[np.ndarray]:
+    """The released ``compute_istar_rloo_advantage`` (module docstring): A^E = the outcome R_i on
+    every turn through ``first_row_rloo`` (RLOO), A^S = the ``istar_normalise``d step rewards (or
+    their return-to-go, ``gamma`` > 0) through ``first_row_rloo``; A = A^E + alpha A^S.
+    (T_i,) float64 per episode."""
+    values = istar_normalise(_step_values(episodes, step_rewards, gamma), istar_norm)
+    a_s = first_row_rloo(values, episodes)
+    a_e = first_row_rloo([np.full(len(ep), float(ep.ret)) for ep in episodes], episodes)
+    return [e + alpha * s for e, s in zip(a_e, a_s)]
+
+
+def step_level_advantages(episodes, step_rewards, gamma: float = 0.0, norm_adv: bool = True,
+                          ddof: int = 1, eps: float = 1e-4) -> list[np.ndarray]:
+    """The ``all_steps`` variant's A^S_t: the step reward (or its return-to-go with ``gamma`` > 0)
+    normalised over all steps of the episode's group, (T_i,) per episode; 0 for a group whose
+    values are all equal."""
+    values = _step_values(episodes, step_rewards, gamma)
     return credit.group_normalise_turns(episodes, values, norm_adv, ddof, eps)
 
 
 def oprl_advantages(episodes, step_rewards, alpha: float = 1.0, gamma: float = 0.0,
-                    norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4) -> list[np.ndarray]:
-    """iStar's combined advantage A_t = A^E_i + alpha * A^S_t (module docstring): A^E the
-    undiscounted outcome normalised in its group, A^S ``step_level_advantages`` of the given
-    implicit step rewards. (T_i,) float64 per episode."""
+                    norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
+                    estimator: str = "istar_rloo",
+                    istar_norm: str = "batch_norm") -> list[np.ndarray]:
+    """iStar's combined advantage A_t = A^E_i + alpha * A^S_t of the given implicit step rewards:
+    ``estimator='istar_rloo'`` (released, ``istar_rloo_advantages``; ``istar_norm`` applies) or
+    ``'all_steps'`` (the variant: A^E the undiscounted outcome normalised in its group as GRPO, A^S
+    ``step_level_advantages``; ``norm_adv``, ``ddof``, ``eps`` apply). (T_i,) float64 per
+    episode."""
+    if estimator == "istar_rloo":
+        return istar_rloo_advantages(episodes, step_rewards, alpha, gamma, istar_norm)
+    if estimator != "all_steps":
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     a_e = credit.episode_advantages(episodes, 1.0, norm_adv, ddof, eps)
     a_s = step_level_advantages(episodes, step_rewards, gamma, norm_adv, ddof, eps)
     return [a + alpha * s for a, s in zip(a_e, a_s)]
+
+
+def config_advantages(episodes, step_rewards, cfg: OPRLConfig) -> list[np.ndarray]:
+    """``oprl_advantages`` with every knob from ``cfg``."""
+    return oprl_advantages(episodes, step_rewards, cfg.alpha, cfg.gamma, cfg.norm_adv, cfg.ddof,
+                           cfg.eps, cfg.estimator, cfg.istar_norm)
 
 
 # --- the implicit PRM -----------------------------------------------------------------------------
@@ -239,10 +374,10 @@ class ImplicitPRM:
         return np.split(lp.numpy(), np.cumsum([len(ep) for ep in episodes])[:-1])
 
     def fit(self, episodes, ref_logps=None) -> dict:
-        """``cfg.num_epochs`` full-batch Adam steps of trajectory DPO on the batch's preference
-        pairs (warm start from the current table). ref_logps: per episode log pi_ref(a_t | k_t)
-        (T_i,) (the rollout policy's); None: uniform. Returns {'dpo_loss', 'pair_accuracy',
-        'num_pairs'} after the fit (loss and accuracy NaN without pairs)."""
+        """``cfg.num_epochs`` full-batch Adam steps of trajectory DPO (``cfg.traj_score``) on the
+        batch's ``cfg.pairs`` (warm start from the current table). ref_logps: per episode
+        log pi_ref(a_t | k_t) (T_i,) (the rollout policy's); None: uniform. Returns {'dpo_loss',
+        'pair_accuracy', 'num_pairs'} after the fit (loss and accuracy NaN without pairs)."""
         cfg = self.cfg
         rows, acts, owner = self._index(episodes)
         ref = reference_logps(episodes, self.num_actions, ref_logps)
@@ -251,21 +386,25 @@ class ImplicitPRM:
         if len(c) == 0:
             return {"dpo_loss": float("nan"), "pair_accuracy": float("nan"), "num_pairs": 0}
         chosen, rejected = torch.as_tensor(c), torch.as_tensor(r)
+
+        def loss_of(th):
+            lp = torch.log_softmax(th[rows], -1).gather(-1, acts[:, None]).squeeze(-1)  # (N,)
+            return trajectory_dpo_loss(lp, ref_n, owner, len(episodes), chosen, rejected,
+                                       cfg.beta, cfg.traj_score)
+
         theta = self.theta.clone().requires_grad_()
         with torch.device("cpu"):
             opt = torch.optim.Adam([theta], lr=cfg.lr)
             if self.opt_state:
                 opt.load_state_dict(self.opt_state)
             for _ in range(cfg.num_epochs):
-                lp = torch.log_softmax(theta[rows], -1).gather(-1, acts[:, None]).squeeze(-1)  # (N,)
-                loss, _ = trajectory_dpo_loss(lp, ref_n, owner, len(episodes), chosen, rejected, cfg.beta)
-                optimizer_step(opt, loss)
+                optimizer_step(opt, loss_of(theta)[0])
             self.opt_state = opt.state_dict()
         self.theta = theta.detach()
         with torch.no_grad():
-            lp = torch.log_softmax(self.theta[rows], -1).gather(-1, acts[:, None]).squeeze(-1)  # (N,)
-            loss, m = trajectory_dpo_loss(lp, ref_n, owner, len(episodes), chosen, rejected, cfg.beta)
-        return {"dpo_loss": loss.item(), "pair_accuracy": m["rewards/accuracies"], "num_pairs": len(c)}
+            loss, m = loss_of(self.theta)
+        return {"dpo_loss": loss.item(), "pair_accuracy": m["rewards/accuracies"],
+                "num_pairs": len(c)}
 
     def step_rewards(self, episodes, ref_logps=None) -> list[np.ndarray]:
         """r_t = beta (log pi_phi - log pi_ref) per episode, (T_i,) each."""
@@ -290,14 +429,17 @@ def reference_logps(episodes, num_actions: int, ref_logps=None) -> list[np.ndarr
     return out
 
 
-def oprl_batch_advantages(episodes, num_actions: int, beta: float = 1.0, alpha: float = 1.0,
+def oprl_batch_advantages(episodes, num_actions: int, beta: float = 0.05, alpha: float = 1.0,
                           gamma: float = 0.0, lr: float = 0.1, num_epochs: int = 100,
-                          ref_logps=None, pairs: str = "all", key: str = "state",
+                          ref_logps=None, pairs: str = "success_failure", key: str = "state",
                           norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
-                          action_index=None, policy=None) -> list[np.ndarray]:
+                          action_index=None, policy=None, traj_score: str = "mean",
+                          estimator: str = "istar_rloo",
+                          istar_norm: str = "batch_norm") -> list[np.ndarray]:
     """The credit arena's entry: a *fresh* implicit PRM fitted by trajectory DPO on this batch's
-    pairs alone (``num_epochs`` Adam steps), its step rewards, then ``oprl_advantages``.
-    (T_i,) float64 per episode.
+    pairs alone (``num_epochs`` Adam steps), its step rewards, then ``oprl_advantages`` (the
+    released forms by default). A fresh PRM read before its step (``update='after'``) would
+    score 0 everywhere, so this entry fits first. (T_i,) float64 per episode.
 
     The reference, as the paper: ``policy`` = the table policy that sampled the batch
     (``KeyTablePolicy``): pi_ref = pi_old and the PRM starts at its logits, so every step reward
@@ -305,7 +447,8 @@ def oprl_batch_advantages(episodes, num_actions: int, beta: float = 1.0, alpha: 
     Else ``ref_logps`` (per episode log pi_ref(a_t | k_t)) with a uniform PRM start, or neither:
     a uniform reference and start."""
     cfg = OPRLConfig(beta=beta, alpha=alpha, gamma=gamma, lr=lr, num_epochs=num_epochs, pairs=pairs,
-                     norm_adv=norm_adv, ddof=ddof, eps=eps)
+                     traj_score=traj_score, update="before", estimator=estimator,
+                     istar_norm=istar_norm, norm_adv=norm_adv, ddof=ddof, eps=eps)
     init = None
     if policy is not None:
         if ref_logps is not None:
@@ -316,8 +459,7 @@ def oprl_batch_advantages(episodes, num_actions: int, beta: float = 1.0, alpha: 
         init = lambda k: policy.logits[policy.row(k)].detach().cpu().numpy()  # noqa: E731
     prm = ImplicitPRM(num_actions, cfg, key=key, init_logits=init, action_index=action_index)
     prm.fit(episodes, ref_logps)
-    return oprl_advantages(episodes, prm.step_rewards(episodes, ref_logps), alpha, gamma,
-                           norm_adv, ddof, eps)
+    return config_advantages(episodes, prm.step_rewards(episodes, ref_logps), cfg)
 
 
 def policy_ref_logps(policy, episodes) -> list[np.ndarray]:
@@ -330,12 +472,14 @@ def policy_ref_logps(policy, episodes) -> list[np.ndarray]:
 
 class OPRLCredit:
     """The stateful estimator for the training loops: a ``credit_fn`` for ``agent_pg.train``
-    and a ``credit_fn`` for ``grpo.train``. Each call (before the policy's update on the batch):
-    fit the kept PRM on the batch's pairs (warm start: the alternation PRM step / policy step),
-    then return ``oprl_advantages`` of its step rewards. ``ref``: 'uniform', or 'policy' (pi_old =
-    ``policy``, a table policy with ``episode_logps``, read before its update; new PRM rows start
-    at the policy's logits, as the paper initialises the PRM from the policy). ``metrics`` (a list,
-    one dict per call) is logged by ``grpo.train`` under ``credit/``."""
+    and a ``credit_fn`` for ``grpo.train``. Each call (before the policy's update on the batch),
+    with ``cfg.update='after'`` (released): the kept PRM's step rewards on the batch, then its
+    ``cfg.num_epochs`` DPO steps on the batch's pairs (warm start); with ``'before'`` the steps
+    first, then the rewards; it returns ``config_advantages`` of those rewards. ``ref``:
+    'uniform', or 'policy' (pi_old = ``policy``, a table policy with ``episode_logps``, read
+    before its update; new PRM rows start at the policy's logits, as the paper initialises the
+    PRM from the policy). ``metrics`` (a list, one dict per call) is logged by ``grpo.train``
+    under ``credit/``."""
 
     def __init__(self, prm: ImplicitPRM, ref: str = "uniform", policy=None):
         if ref not in ("uniform", "policy"):
@@ -352,10 +496,14 @@ class OPRLCredit:
     def __call__(self, episodes) -> list[np.ndarray]:
         cfg = self.prm.cfg
         ref = policy_ref_logps(self.policy, episodes) if self.ref == "policy" else None
-        fit = self.prm.fit(episodes, ref)
-        r = self.prm.step_rewards(episodes, ref)
+        if cfg.update == "after":  # the rewards of phi_(b-1), then the step on batch b
+            r = self.prm.step_rewards(episodes, ref)
+            fit = self.prm.fit(episodes, ref)
+        else:
+            fit = self.prm.fit(episodes, ref)
+            r = self.prm.step_rewards(episodes, ref)
         self.last_step_rewards = r
         flat = np.concatenate(r) if r else np.zeros(0)
         self.metrics.append({**fit, "step_reward_mean": float(flat.mean()) if len(flat) else 0.0,
                              "step_reward_std": float(flat.std()) if len(flat) else 0.0})
-        return oprl_advantages(episodes, r, cfg.alpha, cfg.gamma, cfg.norm_adv, cfg.ddof, cfg.eps)
+        return config_advantages(episodes, r, cfg)
