@@ -252,3 +252,39 @@ def test_calc_agent_base_config_and_its_demonstrations():
     assert 0.7 < np.mean([e.success for e in eps]) < 0.95  # noisy demonstrations, mostly right
     # the demonstrations start away from the RL panels (seeds 10**6 + i) and training seeds
     assert cfg.seed_offset >= 2_000_000
+
+
+def test_checklist_judged_env_stops_early_and_at_the_reference():
+    from agentrl_lib.envs.calc_tool import MENU, ChecklistJudgedEnv
+    from agentrl_lib.rewards.judges import NoisyJudge
+
+    def judged(p, rng=None):
+        e = ChecklistJudgedEnv(CalcToolEnv(confirm_prob=1.0, max_turns=6), NoisyJudge(flip=p), rng)
+        e.reset(task=make_task("order", np.random.default_rng(0), needs_confirm=True))
+        return e
+
+    e = judged(0.0)  # a noiseless judge: the wrong value fails the strict criterion
+    _, _, done, info = e.step(e.action_menu()[MENU.index("call1_wrong_value")])
+    assert done and info["stopped"] and not info["truncated"] and not info["success"]
+    assert info["verdicts"] == info["checks"] and info["verdicts"]["right_values"] is False
+    with pytest.raises(RuntimeError, match="over"):
+        e.step("answer(value=\"1\")")
+    e = judged(0.0)  # the gold sequence plays to the end (4 turns = the reference's)
+    for call in e.task.gold:
+        _, r, done, info = e.step(call)
+        assert not info["stopped"]
+    assert done and info["success"] and r == 1.0 and e.turn == len(e.task.gold) == 4
+    e = judged(0.0)  # a wrong tool that the judge would pass is still cut at the reference's end
+    e.strict = ()
+    for _ in range(4):
+        _, _, done, info = e.step(e.action_menu()[MENU.index("call1_wrong_tool")])
+    assert done and info["truncated"] and e.turn == 4
+    # a noisy judge stops right calls at its flip rate; its verdicts are the ones returned
+    stops = []
+    rng = np.random.default_rng(2)
+    for _ in range(3000):
+        e = judged(0.25, rng)
+        _, _, _, info = e.step(e.task.gold[0])
+        stops.append(info["stopped"])
+        assert info["stopped"] == (info["verdicts"]["right_values"] is False)
+    assert abs(np.mean(stops) - 0.25) < 0.03

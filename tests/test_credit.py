@@ -160,3 +160,70 @@ def test_group_normalise_turns_by_hand():
     # group 0: values 1, 2, 3, mean 2, std (ddof 1) 1; group 1: one value -> 0
     assert np.allclose(out[0], [-1 / (1 + 1e-4), 0]) and np.allclose(out[1], [1 / (1 + 1e-4)])
     assert out[2].tolist() == [0.0]
+
+
+def _released_turn_level(turn_rewards, norm_adv=False, epsilon=1e-6, min_holders=5):
+    """The released code's turn-level loop, transcribed (CM2-RLCR-Tool-Agent,
+    verl/trainer/ppo/core_algos.py, compute_checklist_step_advantage): per position k over the
+    group members holding k, mean, std (torch's, ddof 1) only if norm_adv, NaN (-> advantage 0)
+    where len(holders) <= 4; ``min_holders`` generalises its 5."""
+    out = [torch.zeros(len(r), dtype=torch.float64) for r in turn_rewards]
+    for k in range(max(len(r) for r in turn_rewards)):
+        holders = [i for i, r in enumerate(turn_rewards) if len(r) > k]
+        vals = torch.tensor([turn_rewards[i][k] for i in holders], dtype=torch.float64)
+        mean_k = vals.mean()
+        std_k = vals.std() if norm_adv and len(vals) > 1 else torch.tensor(1.0)
+        for j, i in enumerate(holders):
+            if len(holders) < min_holders:
+                continue
+            out[i][k] = ((vals[j] - mean_k) / (std_k + epsilon) if norm_adv
+                         else vals[j] - mean_k)
+    return [o.numpy() for o in out]
+
+
+def test_cm2_trajectory_level_by_hand():
+    # Eq. 4-5, F_norm = 1: rewards (1, .75), (.5) stopped early, (1, 1); L = 2 (the reference's)
+    r = [np.array([1.0, 0.75]), np.array([0.5]), np.array([1.0, 1.0])]
+    a = credit.cm2_advantages(r, num_turns=2)
+    R = np.array([1.75 / 2, 0.5 / 2, 2.0 / 2])
+    assert [len(x) for x in a] == [2, 1, 2]
+    assert np.allclose(np.concatenate(a), np.repeat(R - R.mean(), [2, 1, 2]), atol=1e-15)
+    assert np.allclose(a[0], 0.875 - 2.125 / 3)
+    # the text's L^(i) (num_turns=None): the stopped rollout's R is its own mean, 0.5
+    b = credit.cm2_advantages(r, num_turns=None)
+    R_own = np.array([0.875, 0.5, 1.0])
+    assert np.allclose([x[0] for x in b], R_own - R_own.mean())
+    # F_norm = std (ddof 1) + eps when norm_adv: equals core.grpo_advantages of R
+    c = credit.cm2_advantages(r, num_turns=2, norm_adv=True, eps=1e-4)
+    ref = grpo_advantages(torch.from_numpy(R[None]))[0].numpy()
+    assert np.allclose([x[0] for x in c], ref)
+    # the released code: verl's GRPO with norm_adv_by_std_in_grpo=False on the summed turn-end
+    # scores each divided by max_num_turns (reward_manager/checklist.py) is the same number
+    scores = torch.tensor([sum(x / 2 for x in rr) for rr in r], dtype=torch.float64)
+    assert np.allclose([x[0] for x in a], (scores - scores.mean()).numpy())
+    # no signal: all equal
+    assert all(not x.any() for x in credit.cm2_advantages([np.ones(2), np.ones(2)], num_turns=2))
+
+
+def test_cm2_turn_level_by_hand_and_against_the_released_loop():
+    r = [np.array([1.0, 0.75]), np.array([0.5]), np.array([1.0, 1.0])]
+    a = credit.cm2_advantages(r, "turn")
+    # turn 0: mean 5/6 over all three; turn 1: mean 0.875 over the two that reached it
+    assert np.allclose(np.concatenate(a), [1 / 6, -0.125, -1 / 3, 1 / 6, 0.125])
+    rng = np.random.default_rng(3)
+    for G in (2, 4, 6, 8):
+        for _ in range(20):
+            grp = [rng.integers(0, 5, int(rng.integers(1, 5))) / 4 for _ in range(G)]
+            for norm in (False, True):
+                mine = credit.cm2_advantages(grp, "turn", norm_adv=norm, min_holders=5)
+                code = _released_turn_level(grp, norm_adv=norm)
+                assert all(np.allclose(m, c, atol=1e-12) for m, c in zip(mine, code))
+            paper = credit.cm2_advantages(grp, "turn")  # no threshold: every shared turn index
+            assert all(np.allclose(m, c, atol=1e-12)
+                       for m, c in zip(paper, _released_turn_level(grp, min_holders=2)))
+    # pooled (the project's first version): one mean and std over all five turns
+    flat = np.array([1.0, 0.75, 0.5, 1.0, 1.0])
+    p = credit.cm2_advantages(r, "pooled", norm_adv=True, eps=1e-4)
+    assert np.allclose(np.concatenate(p), (flat - flat.mean()) / (flat.std(ddof=1) + 1e-4))
+    with pytest.raises(ValueError, match="level"):
+        credit.cm2_advantages(r, "step")

@@ -5,11 +5,12 @@ are the ones committed results record; and every environment's docstring has the
 import re
 import time
 
+import numpy as np
 import pytest
 
 from agentrl_lib.envs import protocol, text_tasks, tool_env
 from agentrl_lib.envs.calc_crux import CalcCruxEnv
-from agentrl_lib.envs.calc_tool import CalcToolEnv
+from agentrl_lib.envs.calc_tool import CalcToolEnv, ChecklistJudgedEnv
 from agentrl_lib.envs.kg_judge import KGJudgeEnv, KGJudgeMenuEnv
 from agentrl_lib.envs.kg_search import KGMenuEnv, KGSearchEnv
 from agentrl_lib.envs.kg_team import KGTeamEnv
@@ -19,6 +20,7 @@ from agentrl_lib.envs.reward_noise import RewardNoise
 from agentrl_lib.envs.shop import ShopEnv
 from agentrl_lib.envs.shop import eval_panel as shop_panel
 from agentrl_lib.envs.twenty_questions import TwentyQuestionsEnv
+from agentrl_lib.rewards.judges import NoisyJudge
 
 KG = dict(num_entities=40, num_relations=2)
 # name: (make_env, check_env's keyword arguments)
@@ -43,10 +45,14 @@ ENVS = {
     # its expert names menu entries, which step() reads only as indices
     "calc_crux": (lambda: CalcCruxEnv(max_turns=4), {"expert": False}),
     "reward_noise": (lambda: RewardNoise(GridAgentEnv(max_turns=5), 0.5), {}),
+    # CM2's judged rollout: a failed strict criterion (every stall) ends the episode at once
+    "calc_tool_judged": (lambda: ChecklistJudgedEnv(CalcToolEnv(max_turns=4, confirm_prob=0.5),
+                                                    NoisyJudge.at_noise(0.2),
+                                                    np.random.default_rng(0)), {"stall": False}),
 }
 ENV_CLASSES = [GridAgentEnv, SubtaskGridEnv, MemoryGridEnv, TwentyQuestionsEnv, ShopEnv,
                KGSearchEnv, KGMenuEnv, KGJudgeEnv, KGJudgeMenuEnv, KGTeamEnv, CalcToolEnv,
-               CalcCruxEnv, RewardNoise]
+               CalcCruxEnv, RewardNoise, ChecklistJudgedEnv]
 
 
 @pytest.mark.parametrize("name", list(ENVS))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agentrl_lib.rewards.judges import (NoisyJudge, checklist_reward, episode_quality,
-                                        holistic_reward)
+                                        holistic_reward, judged_checks)
 
 
 def test_noiseless_judge_is_exact():
@@ -81,3 +81,15 @@ def test_holistic_reward():
     s, _ = holistic_reward(checks, NoisyJudge(), np.random.default_rng(0), success=True,
                            success_weight=0.5)
     assert s == 0.75
+
+
+def test_judged_checks_make_checklist_rewards_draws():
+    checks = [{"valid": True, "right_tool": False, "right_values": False, "confirmation": None},
+              {"valid": True, "right_tool": True, "right_values": True}, {"valid": None}]
+    judge = NoisyJudge(flip=0.3)
+    r_direct, _ = checklist_reward(checks, judge, np.random.default_rng(11))
+    rng = np.random.default_rng(11)
+    judged = [judged_checks(c, judge, rng) for c in checks]
+    assert np.array_equal(checklist_reward(judged)[0], r_direct)  # the same draws, in order
+    assert judged[0]["confirmation"] is None and judged[2] == {"valid": None}
+    assert judged_checks(checks[0], NoisyJudge(), None) == checks[0]  # noiseless: unchanged

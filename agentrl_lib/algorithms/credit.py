@@ -17,6 +17,11 @@ spreads turn advantages over the tokens of each turn's action for an LM update.
   ``anchor_share`` is the fraction of turns in groups of two or more (where A^S can be nonzero).
 - ``turn_gae``: GAE over turns with a critic's V(s_t) (turn-level PPO; ArCHer's critic is in
   ``archer.py``, SPA-RL's progress model in ``spa.py``).
+- ``cm2_advantages``: CM2 (Zhang et al. 2026, "CM2: Reinforcement Learning with Checklist Rewards
+  for Multi-Turn and Multi-Step Agentic Tool Use", arXiv:2602.12268) over one group's per-turn
+  checklist rewards R_t: trajectory-level (Eq. 4-5, the paper's final method) or turn-level
+  (Eq. 7, normalised per turn index), F_norm = 1 by default (App.: GRPO with the std term set to
+  1; the released ``traj_n48.sh``: ``norm_adv_by_std_in_grpo=False``).
 
 The estimators are pure functions of the record and their arguments; the maths (discounted returns, group
 normalisation, GAE) is ``agentrl_lib.core``'s. The pieces every turn-level estimator shares are here
@@ -108,6 +113,58 @@ def group_normalise_turns(episodes, turn_values, norm_adv: bool = True, ddof: in
     groups = [[(i, t) for i in idx for t in range(len(turn_values[i]))]
               for idx in groups_of(episodes).values()]
     return normalise_within(turn_values, groups, norm_adv, ddof, eps)
+
+
+def cm2_advantages(turn_rewards, level: str = "trajectory", num_turns: int | None = None,
+                   norm_adv: bool = False, ddof: int = 1, eps: float = 1e-6,
+                   min_holders: int = 2) -> list[np.ndarray]:
+    """CM2's advantages of one group of G rollouts of the same task from their per-turn
+    checklist rewards R^(i)_t (Eq. 6, in [0, 1]): a list of (T_i,) arrays -> a list of (T_i,).
+
+    - ``'trajectory'`` (the paper's final CM2, Eq. 4-5): R^(i) = (1/L) sum_t R^(i)_t and
+      A^(i) = (R^(i) - mean_G R) / F_norm on every turn of rollout i. L is ``num_turns`` when
+      given: the released code divides by the reference dialogue's number of turns, the same for
+      the whole group (``reward_manager/checklist.py``, ``_async_call``: ``reward_tensor /=
+      max_num_turns_tensor``; verl's ``compute_grpo_outcome_advantage`` then centres the summed
+      score), so a rollout ended early forgoes the turns it never played; None: the rollout's own
+      L^(i), as Eq. 4 is written.
+    - ``'turn'`` (Eq. 7): A^(i)_t = (R^(i)_t - mean_j R^(j)_t) / F_norm over the rollouts j that
+      reached turn t; a turn index held by fewer than ``min_holders`` rollouts gets 0. The
+      released ``core_algos.py`` (``compute_checklist_step_advantage``) zeroes positions with
+      <= 4 holders, i.e. ``min_holders=5``; the paper states no threshold (2: a lone holder's
+      centred value is 0 anyway).
+    - ``'pooled'`` (not the paper's; this project's first version): one mean over all turns of
+      all rollouts of the group, so turn 0 is compared with every later turn too.
+
+    F_norm = 1 unless ``norm_adv`` (then the std with ``ddof``, plus ``eps``; verl's 1e-6).
+    A group whose values are all equal gets 0 (``group_normalise``).
+
+    >>> a = cm2_advantages([np.array([1.0, 0.5]), np.array([1.0])], num_turns=2)
+    >>> [x.tolist() for x in a]  # R = (0.75, 0.5): A = +-0.125 on every turn
+    [[0.125, 0.125], [-0.125]]
+    >>> [x.tolist() for x in cm2_advantages([np.array([1.0, 0.5]), np.array([0.0])], "turn")]
+    [[0.5, 0.0], [-0.5]]
+    """
+    rewards = [np.asarray(r, dtype=np.float64) for r in turn_rewards]
+    if level == "trajectory":
+        R = np.array([r.sum() / (len(r) if num_turns is None else num_turns) if len(r) else 0.0
+                      for r in rewards])
+        adv = group_normalise(R, norm_adv, ddof, eps)
+        return [np.full(len(r), a) for r, a in zip(rewards, adv)]
+    if level == "turn":
+        out = [np.zeros(len(r)) for r in rewards]
+        for t in range(max((len(r) for r in rewards), default=0)):
+            holders = [i for i, r in enumerate(rewards) if len(r) > t]
+            if len(holders) < min_holders:
+                continue
+            z = group_normalise(np.array([rewards[i][t] for i in holders]), norm_adv, ddof, eps)
+            for i, a in zip(holders, z):
+                out[i][t] = a
+        return out
+    if level == "pooled":
+        groups = [[(i, t) for i, r in enumerate(rewards) for t in range(len(r))]]
+        return normalise_within(rewards, groups, norm_adv, ddof, eps)
+    raise ValueError(f"unknown level {level!r}; choose 'trajectory', 'turn' or 'pooled'")
 
 
 def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,

@@ -35,6 +35,10 @@ expected at this point (``stage``): ``valid`` (parses), ``right_tool``, ``right_
 confirmed before; None where a criterion does not apply). ``rewards.judges.checklist_reward``
 turns these into per-turn rewards. The stage advances when the call equals the expected one
 (canonical comparison), so the state key (task, stage, confirmed) is Markov for a tabular policy.
+
+``ChecklistJudgedEnv`` wraps it as CM2 rolls a dialogue out (arXiv 2602.12268, §3.3): a judge
+labels every turn's checklist during the rollout (``info["verdicts"]``), the rollout ends early
+when a strictness item fails, and after the reference dialogue's last turn.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentrl_lib.envs import protocol
+from agentrl_lib.rewards.judges import NoisyJudge, judged_checks
 from agentrl_lib.rewards.tool_calls import canonical_args, format_call, parse_call, safe_eval
 
 PRICES = {"apple": 3, "bread": 4, "milk": 2, "cheese": 7, "eggs": 5, "rice": 6, "tea": 8, "jam": 9}
@@ -394,3 +399,72 @@ class CalcToolEnv:
                     [(s, t.request, t.gold) for s, t in panel]]
         # drawn by this env's own reset (a fresh env would leave this one's rng where it was)
         return protocol.eval_panel(n, protocol.reset_task(self), blob=game)
+
+
+class ChecklistJudgedEnv:
+    """A ``CalcToolEnv`` rolled out as CM2 rolls out a dialogue (arXiv 2602.12268, §3.3).
+
+    ## Description
+    A wrapper: every attribute but ``reset`` and ``step`` is the wrapped environment's. After each
+    turn a judge labels the turn's checklist (``rewards.judges.judged_checks``: each applicable
+    criterion flipped with probability ``judge.flip``); CM2 then "enforce[s] the strictness
+    constraints: if all strictness items are satisfied, we issue the next user query from the
+    reference trajectory; otherwise, we terminate the rollout early" (§3.3; the released
+    ``verl/interactions/checklist_interaction.py``, ``generate_response_for_single_checklist``:
+    ``should_terminate_sequence = True`` when a ``required_for_next_turn`` item is unmet, and
+    after the reference's last turn). Here a turn is one call, the reference dialogue is the gold
+    call sequence, and the strictness items are ``strict`` (default ``right_values``: the call is
+    the expected one, without which the scripted user's next turn does not follow).
+
+    ## Actions
+    The wrapped environment's.
+
+    ## Observations
+    The wrapped environment's.
+
+    ## Rewards
+    The wrapped environment's (the outcome); the checklist reward is computed from
+    ``info["verdicts"]`` (``judges.checklist_reward``).
+
+    ## Episode end
+    The wrapped environment's, and terminated (``info["stopped"]``) when the judge fails a
+    strictness item of a turn that did not end the episode; truncated after ``len(task.gold)``
+    turns (the reference dialogue's length) or at the wrapped cap.
+
+    ## Info
+    The wrapped environment's, plus ``verdicts`` (the judge's labels of ``checks``, None where a
+    criterion does not apply) and ``stopped``.
+
+    ## Arguments
+    env: a ``CalcToolEnv``; judge: a ``rewards.judges.NoisyJudge``; rng: the judge's generator
+    (shared by the wrappers of one run, so a seeded run is reproducible); strict: the names of the
+    strictness criteria.
+
+    ## Exact form
+    None (the judge's flips end episodes at random).
+    """
+
+    def __init__(self, env: CalcToolEnv, judge: NoisyJudge, rng: np.random.Generator,
+                 strict: tuple = ("right_values",)):
+        self.env, self.judge, self.rng, self.strict = env, judge, rng, tuple(strict)
+        self.ended = False
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def reset(self, seed: int | None = None, task: Task | None = None) -> str:
+        self.ended = False
+        return self.env.reset(seed=seed, task=task)
+
+    def step(self, action_text: str):
+        if self.ended:
+            raise RuntimeError("the episode is over; call reset()")
+        obs, reward, done, info = self.env.step(action_text)
+        verdicts = judged_checks(info["checks"], self.judge, self.rng)
+        info = {**info, "verdicts": verdicts, "stopped": False}
+        if not done and any(verdicts.get(k) is False for k in self.strict):
+            done, info["stopped"] = True, True
+        elif not done and self.env.turn >= len(self.env.task.gold):
+            done, info["truncated"] = True, True
+        self.ended = done
+        return obs, reward, done, info

@@ -18,8 +18,10 @@ c = 1 - 2p and the same variance, sigma = sqrt(p (1 - p)).
 **Checklist rewards** (CM2, arXiv 2602.12268): each turn's intended behaviour is split into binary
 criteria (right tool, right argument names, right values, confirmation asked, ...).
 ``checklist_reward`` averages a turn's applicable criteria, each verdict optionally passed through
-the judge's flips, giving one reward per turn; ``holistic_reward`` asks the judge for one scalar
-score of the whole episode instead (the baseline judged at the same noise).
+the judge's flips, giving one reward per turn (``judged_checks``: one turn's verdicts as the judge
+returns them, for a rollout that the judge steers, ``envs.calc_tool.ChecklistJudgedEnv``);
+``holistic_reward`` asks the judge for one scalar score of the whole episode instead (the
+baseline judged at the same noise).
 """
 
 from __future__ import annotations
@@ -121,6 +123,23 @@ def checklist_reward(checks: list[dict], judge: NoisyJudge | None = None,
     metrics = {"checklist/true_mean": float(np.mean(true_means)) if true_means else 0.0,
                "checklist/flipped": flipped / n if n else 0.0, "checklist/num_criteria": n}
     return np.array(rewards), metrics
+
+
+def judged_checks(checks: dict, judge: NoisyJudge, rng: np.random.Generator) -> dict:
+    """One turn's checklist as the judge labels it: every applicable verdict passed through
+    ``judge.verdict`` (flipped with probability ``judge.flip``), ``None`` (does not apply) kept.
+    The same draws as ``checklist_reward`` makes for that turn; ``checklist_reward`` of the
+    judged dicts without a judge is then the noisy per-turn reward.
+
+    >>> judged_checks({"a": True, "b": None, "c": False}, NoisyJudge(), None)
+    {'a': True, 'b': None, 'c': False}
+    """
+    keys = [k for k, v in checks.items() if v is not None]
+    truth = np.array([bool(checks[k]) for k in keys], dtype=bool)  # (K,)
+    v = truth if judge.flip <= 0 or truth.size == 0 else judge.verdict(truth, rng)
+    out = dict(checks)
+    out.update({k: bool(x) for k, x in zip(keys, v)})
+    return out
 
 
 def episode_quality(checks: list[dict]) -> float:
