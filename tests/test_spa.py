@@ -250,3 +250,22 @@ def test_ppo_train_one_update(tiny_lm):
     rows = spa.ppo_train(model, spa.offline_sampler(data), cfg, scores, ref)
     assert np.isfinite(rows[-1]["losses/loss"]) and rows[-1]["losses/kl"] == pytest.approx(0.0)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_packed_logps_values_equal_padded(tiny_lm):
+    from agentrl_lib.algorithms import grpo, ppo_lm
+    from agentrl_lib.envs.shop import ShopEnv, make_catalog
+
+    model, tok = tiny_lm
+    cat = make_catalog(1, 2, 2, 2, 2, seed=0)
+    gcfg = grpo.GRPOConfig(num_prompts=2, group_size=2, max_new_tokens=3, max_turns=3, seed=1)
+    g = grpo.episode_sampler(tok, lambda: ShopEnv(cat, max_turns=3), list(range(8)),
+                             gcfg)(model).seqs
+    critic = ppo_lm.make_value_model(model, "shared")
+    torch.nn.init.normal_(critic.head.weight)  # a head that is not all zero
+    packed = spa.episode_logps_values(model, critic, g)
+    padded = ppo_lm.logps_values(model, critic, g.prompt_ids, g.prompt_mask, g.completion_ids,
+                                 g.completion_mask, 1.0, g.loss_mask)
+    for a, b in zip(packed, padded):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(packed[0], g.logps * g.loss_mask, atol=1e-5)  # the sampling log-probs

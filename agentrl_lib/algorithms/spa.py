@@ -65,7 +65,8 @@ from agentrl_lib import core
 from agentrl_lib.algorithms import loop, ppo_lm
 from agentrl_lib.core import discounted_returns, whiten
 from agentrl_lib.models.policies import KeyRows
-from agentrl_lib.rollout import Episode, sequence_logps
+from agentrl_lib.rollout import (Episode, _contiguous, _packs, packed_sequence_logps,
+                                 sequence_logps)
 from agentrl_lib.utils import optimizer_step
 
 
@@ -485,54 +486,79 @@ def offline_sampler(batches):
     return sample
 
 
+def episode_logps_values(model, critic, g, temperature: float = 1.0):
+    """log pi, entropies and V(s_t) on the agent's tokens of a multi-turn ``Generation`` (B, T),
+    zero elsewhere, with gradients: one packed pass of the shared trunk
+    (``rollout.packed_sequence_logps`` with the value head) when the model allows it, else
+    ``ppo_lm.logps_values`` (padded; a separate critic runs its own pass)."""
+    args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
+    if critic.shares_trunk_with(model) and _packs(model) and _contiguous(g.prompt_mask,
+                                                                          g.completion_mask):
+        return packed_sequence_logps(model, *args, temperature, g.loss_mask,
+                                     value_head=critic.head)
+    return ppo_lm.logps_values(model, critic, *args, temperature, g.loss_mask)
+
+
 def ppo_train(model, sample, cfg, scores_fn, ref_model, spa_cfg: SPAConfig | None = None,
               evaluate=None, critic=None, initial_eval: dict | None = None, logger=None,
               on_step=None) -> list[dict]:
-    """SPA-RL's RL step as released (``ppo/step_ppotrainer.py: StepPPOTrainer.step``) on the
-    one loop: each update takes a batch of fixed multi-turn episodes from ``sample`` (usually
+    """SPA-RL's RL step as released (``ppo/step_ppotrainer.py: StepPPOTrainer.step``) on the one
+    loop: each update takes a batch of fixed multi-turn episodes from ``sample`` (usually
     ``offline_sampler``); the current policy's log-probs and values on them (the step's first
-    forward pass: ratio 1 at the first epoch) and the reference's; per-token rewards
-    ``released_token_rewards(scores_fn(episodes), loss_mask, KL, kl_coef)``; ``trl_gae``; then
-    ``ppo_lm.ppo_update`` (clipped policy and value losses over the agent's tokens, ``num_epochs``
-    passes); the KL coefficient adapts as TRL's (``AdaptiveKLController``, starting at
-    ``cfg.beta``). cfg: a ``ppo_lm.PPOLMConfig`` (gamma, lam, beta, clip ranges, vf_coef,
-    num_epochs, lr, critic). Returns the logged rows."""
-    from agentrl_lib.algorithms import loop, ppo_lm
-    from agentrl_lib.rollout import sequence_logps
+    forward pass, here shared with the first epoch's: the same parameters, so ratio 1) and the
+    reference's; per-token rewards ``released_token_rewards(scores_fn(episodes), loss_mask, KL,
+    kl_coef)``; ``trl_gae``; then ``cfg.num_epochs`` steps of ``ppo_lm.ppo_lm_losses`` (clipped
+    policy and value losses, token means over the agent's tokens) on the whole batch (TRL's
+    backward batch: ``num_minibatches`` must be 1). The KL coefficient adapts as TRL's
+    (``AdaptiveKLController``, from ``cfg.beta``). cfg: a ``ppo_lm.PPOLMConfig``. The model stays
+    in eval mode (no dropout), so the first pass is the old policy's. Returns the logged rows.
 
+    KL on data from the reference: the batches come from pi_ref, so the mean of
+    log pi - log pi_ref estimates -KL(pi_ref || pi) <= 0 (TRL warns when it goes negative); per
+    token the penalty still pulls pi back toward the data's tokens."""
+    if cfg.num_minibatches != 1:
+        raise ValueError("ppo_train runs the released step on the whole batch: num_minibatches=1")
     spa_cfg = spa_cfg or SPAConfig()
     critic = critic if critic is not None else ppo_lm.make_value_model(model, cfg.critic)
     opt = ppo_lm.make_optimizer(model, critic, cfg)
+    params = list(model.parameters()) + ppo_lm.critic_parameters(model, critic)
+    groups = [params] if critic.shares_trunk_with(model) else \
+        [list(model.parameters()), ppo_lm.critic_parameters(model, critic)]
     kl_ctl = AdaptiveKLController(cfg.beta, spa_cfg.kl_target, spa_cfg.kl_horizon)
-    shuffle = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)  # minibatch order
+    model.eval()
+    critic.eval()
 
     def update(batch, it: int) -> dict:
         g = batch.seqs
-        args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
         m = g.loss_mask  # (B, T) the agent's tokens: the released frag_mask
         with torch.no_grad():
-            model.eval()
-            critic.eval()
-            logps, _, values = ppo_lm.logps_values(model, critic, *args, cfg.temperature, m)
-            ref_logps, _ = sequence_logps(ref_model, *args, temperature=cfg.temperature)
-            kl = (logps - ref_logps * m) * m  # (B, T) TRL's kl_penalty "kl": log pi - log pi_ref
-            scores = scores_fn(batch.episodes)
-            r = released_token_rewards(scores, m.cpu(), kl.cpu(), kl_ctl.value).to(values.device)
-            adv, returns = trl_gae(r, values.double(), m, cfg.gamma, cfg.lam, cfg.norm_adv)
-        data = {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
-                "completion_ids": g.completion_ids, "completion_mask": g.completion_mask,
-                "loss_mask": m, "logps": logps, "values": values,
-                "advantages": adv.to(values.dtype), "returns": returns.to(values.dtype)}
-        row = ppo_lm.ppo_update(model, critic, opt, data, cfg, shuffle)
-        model.eval()
+            ref_logps, _ = sequence_logps(ref_model, g.prompt_ids, g.prompt_mask,
+                                          g.completion_ids, g.completion_mask, cfg.temperature, m)
+        scores = scores_fn(batch.episodes)
+        sums: dict = {}
+        for epoch in range(cfg.num_epochs):
+            logps, ents, values = episode_logps_values(model, critic, g, cfg.temperature)
+            if epoch == 0:  # the step's first forward pass: old log-probs, values, rewards
+                old_logps, old_values = logps.detach(), values.detach()
+                kl = (old_logps - ref_logps) * m  # (B, T) TRL's kl_penalty "kl"
+                r = released_token_rewards(scores, m.cpu(), kl.cpu(), kl_ctl.value)
+                adv, returns = trl_gae(r.to(old_values.device), old_values.double(), m,
+                                       cfg.gamma, cfg.lam, cfg.norm_adv)
+                adv, returns = adv.to(values.dtype), returns.to(values.dtype)
+            loss, mt = ppo_lm.ppo_lm_losses(logps, old_logps, adv, values, old_values, returns,
+                                            m, cfg)
+            optimizer_step(opt, loss, cfg.max_grad_norm, groups)
+            mt["loss"] = loss.item()
+            for k, v in mt.items():
+                sums[k] = sums.get(k, 0.0) + v / cfg.num_epochs
         mean_kl = kl.sum(-1).mean().item()
-        row.update({"losses/kl": mean_kl, "losses/kl_coef": kl_ctl.value,
+        row = {f"losses/{k}": v for k, v in sums.items()}
+        row.update({"losses/entropy": core.masked_mean(ents.detach(), m).item(),
+                    "losses/kl": mean_kl, "losses/kl_coef": kl_ctl.value,
                     "rollout/score_mean": float(np.mean(np.concatenate(scores)))})
         kl_ctl.update(mean_kl, len(scores))
         return row
 
-    rows = loop.run(model, sample, update, cfg.num_iters, evaluate=evaluate,
+    return loop.run(model, sample, update, cfg.num_iters, evaluate=evaluate,
                     eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
                     on_step=on_step, desc="spa_ppo")
-    critic.eval()
-    return rows
