@@ -269,3 +269,19 @@ def test_packed_logps_values_equal_padded(tiny_lm):
     for a, b in zip(packed, padded):
         assert torch.allclose(a, b, atol=1e-5)
     assert torch.allclose(packed[0], g.logps * g.loss_mask, atol=1e-5)  # the sampling log-probs
+
+
+def test_released_credit_kl_term():
+    eps = [Episode.of("ab", [0, 1.0]), Episode.of("ab", [0, 0.0])]
+    logp = torch.tensor([-1.0, -2.0, -0.5, -1.5], dtype=torch.float64)  # (N,) turn log-probs
+    ref = torch.full((4,), -1.0, dtype=torch.float64)
+    cr = spa.ReleasedCredit(logp_fn=lambda e: logp, ref_logp_fn=lambda e: ref, kl_coef=0.3,
+                            gamma=1.0, lam=1.0, norm_adv=False)
+    adv = cr(eps)
+    kl = (logp - ref).numpy()  # [0, -1, 0.5, -0.5]
+    r0 = np.array([1.5 * 1, 0.0]) - 0.3 * kl[:2]  # scores x (T - t - 1) - kl_coef KL
+    r1 = np.array([-0.5 * 1, 0.0]) - 0.3 * kl[2:]  # s = -1 + 0.5
+    assert np.allclose(adv[0], np.cumsum(r0[::-1])[::-1])
+    assert np.allclose(adv[1], np.cumsum(r1[::-1])[::-1])
+    assert cr.metrics["kl"] == pytest.approx(((0 - 1) + (0.5 - 0.5)) / 2)
+    assert cr.kl.value == pytest.approx(0.3 * (1 - 0.2 * 2 / 10000))  # adapted after the batch

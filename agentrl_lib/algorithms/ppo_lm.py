@@ -337,9 +337,7 @@ def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, bat
     """``num_epochs`` passes over the batch in ``num_minibatches`` shuffled minibatches.
 
     batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``logps``
-    (old), ``values`` (old), ``advantages``, ``returns``; (B, P) or (B, T) each; optionally
-    ``loss_mask`` (B, T), the tokens the losses cover (multi-turn: the agent's; default
-    ``completion_mask``).
+    (old), ``values`` (old), ``advantages``, ``returns``; (B, P) or (B, T) each.
     Returns the means over all minibatches of the loss metrics, and the last entropy, as
     ``losses/*``.
     """
@@ -357,11 +355,10 @@ def ppo_update(policy, critic: ValueModel, optimizer: torch.optim.Optimizer, bat
         order = torch.randperm(B, generator=shuffle, device="cpu").to(batch["completion_ids"].device)
         for start in range(0, B, mb):
             idx = order[start:start + mb]
-            attn = batch["completion_mask"][idx]
-            mask = batch["loss_mask"][idx] if "loss_mask" in batch else attn
+            mask = batch["completion_mask"][idx]
             logps, ents, values = logps_values(
                 policy, critic, batch["prompt_ids"][idx], batch["prompt_mask"][idx],
-                batch["completion_ids"][idx], attn, cfg.temperature, mask)
+                batch["completion_ids"][idx], mask, cfg.temperature)
             loss, m = ppo_lm_losses(logps, batch["logps"][idx], batch["advantages"][idx], values,
                                     batch["values"][idx], batch["returns"][idx], mask, cfg)
             optimizer_step(optimizer, loss, cfg.max_grad_norm, clip_groups)
