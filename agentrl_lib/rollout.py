@@ -487,7 +487,7 @@ def _packs(model) -> bool:
 def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
                           completion_ids: Tensor, completion_mask: Tensor,
                           temperature: float = 1.0, loss_mask: Tensor | None = None,
-                          overhead: int = 2048) -> tuple[Tensor, Tensor]:
+                          overhead: int = 2048, value_head=None) -> tuple[Tensor, ...]:
     """``sequence_logps`` without padding inside a sequence and without logits nobody reads: each
     row's real prompt and completion tokens are laid out from position 0 and right-padded within a
     length bucket (``length_buckets``), so causal attention alone (no attention mask) gives every
@@ -497,6 +497,9 @@ def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
     Needs prompts left-padded and completions right-padded (``_contiguous``).
 
     Returns (logps, entropies), each (B, T), zero where the weight is 0 (times it elsewhere).
+    value_head: a module on the decoder's hidden states (a critic sharing the trunk, TRL's
+    ``AutoModelForCausalLMWithValueHead``): then (logps, entropies, values), values V(s_t) read at
+    the same positions (float32, zero where the weight is 0, unweighted elsewhere).
     """
     B, T = completion_ids.shape
     P = prompt_ids.shape[1]
@@ -504,7 +507,7 @@ def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
     p_len = prompt_mask.sum(-1).tolist()  # (B,)
     c_len = completion_mask.sum(-1).tolist()
     decoder, head = model.base_model, model.get_output_embeddings()
-    rows_b, rows_t, logps, ents = [], [], [], []
+    rows_b, rows_t, logps, ents, values = [], [], [], [], []
     for bucket in length_buckets([p + c for p, c in zip(p_len, c_len)], overhead):
         L = p_len[bucket[0]] + c_len[bucket[0]]
         # right padding (id 0) comes after every real token: causal attention never reads it
@@ -518,7 +521,10 @@ def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
         r, t = sel[:, 0], sel[:, 1]
         at = torch.tensor([p_len[b] - 1 for b in bucket], device=ids.device)[r] + t  # predicts t
         hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state  # (k, L, H)
-        logp_all = F.log_softmax(head(hidden[r, at]).float() / temperature, -1)  # (K, V)
+        h = hidden[r, at]  # (K, H)
+        logp_all = F.log_softmax(head(h).float() / temperature, -1)  # (K, V)
+        if value_head is not None:
+            values.append(value_head(h.float()).squeeze(-1))  # (K,)
         b_idx = torch.tensor(bucket, device=ids.device)[r]
         tgt = completion_ids[b_idx, t]
         wk = w[b_idx, t]
@@ -528,11 +534,14 @@ def packed_sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor,
         rows_t.append(t)
     out_lp = torch.zeros(B, T, device=completion_ids.device)
     out_ent = torch.zeros(B, T, device=completion_ids.device)
+    out_v = torch.zeros(B, T, device=completion_ids.device)
     if logps:
         idx = (torch.cat(rows_b), torch.cat(rows_t))
         out_lp = out_lp.index_put(idx, torch.cat(logps))
         out_ent = out_ent.index_put(idx, torch.cat(ents))
-    return out_lp, out_ent
+        if value_head is not None:
+            out_v = out_v.index_put(idx, torch.cat(values))
+    return (out_lp, out_ent) if value_head is None else (out_lp, out_ent, out_v)
 
 
 def sequence_logps(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,

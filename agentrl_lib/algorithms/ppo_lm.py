@@ -209,11 +209,14 @@ def critic_parameters(policy, critic: ValueModel) -> list[nn.Parameter]:
 
 def logps_values(policy, critic: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  completion_ids: Tensor, completion_mask: Tensor,
-                 temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+                 temperature: float = 1.0,
+                 loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token log-probs, entropies and values V(s_t) of the completions, with gradients.
 
-    Returns three (B, T) tensors, zero where completion_mask is 0. values[:, t] is read at the
-    position that predicts token t, i.e. the state before token t. A shared trunk runs once.
+    Returns three (B, T) tensors, zero where ``loss_mask`` (default completion_mask, the
+    attention) is 0: a multi-turn conversation attends to the observations but trains on the
+    agent's tokens only. values[:, t] is read at the position that predicts token t, i.e. the
+    state before token t. A shared trunk runs once.
     """
     ids, attn, pos = join_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
@@ -228,7 +231,7 @@ def logps_values(policy, critic: ValueModel, prompt_ids: Tensor, prompt_mask: Te
         logits = logits[:, P - 1:P + T - 1]  # (B, T, V)
         values = critic(ids, attn, pos)[:, P - 1:P + T - 1]  # (B, T)
     logps, ents = logps_from_logits(logits, completion_ids, temperature)  # (B, T) each
-    m = completion_mask.to(logps.dtype)
+    m = (completion_mask if loss_mask is None else loss_mask).to(logps.dtype)
     return logps * m, ents * m, values * m
 
 
