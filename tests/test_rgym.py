@@ -91,6 +91,31 @@ def test_the_trl_signature_takes_lists_and_conversations():
     assert answer_text("<answer>a</answer> <answer> b </answer>") == "b"
 
 
+def test_worked_solution_checks_every_step():
+    """The working of chain_sum and of basic_arithmetic in its chain form: each line a true step
+    from the last line's value, the answer line the entry's answer; by hand on one case."""
+    assert rgym.worked_solution({"answer": "-2", "entry": json.dumps(
+        {"metadata": {"expression": "1 + 4 - 7"}})}) == "1+4=5\n5-7=-2\nanswer -2"
+    for name in ("chain_sum", "basic_arithmetic"):
+        for level in range(4):
+            cfg = {"min_digits": 1, "max_digits": 1, **rgym.CHAIN_FORM.get(name, {})}
+            for p in rgym.make_problems(name, 40, level, strict=False, **cfg):
+                *steps, last = rgym.worked_solution(p).split("\n")
+                assert last == f"answer {p['answer']}"
+                value = None
+                for line in steps:
+                    lhs, rhs = line.split("=")
+                    a, op, b = (lhs[:1] + lhs[1:].replace("-", " - ", 1).replace("+", " + ", 1)
+                                ).split()
+                    assert value is None or int(a) == value
+                    value = int(a) + int(b) if op == "+" else int(a) - int(b)
+                    assert value == int(rhs)
+                assert str(value) == p["answer"]
+    bad = rgym.make_problems("basic_arithmetic", 20, 2, min_digits=1, max_digits=1)
+    with pytest.raises(ValueError, match="not a left-to-right sum"):
+        [rgym.worked_solution(p) for p in bad]  # products, parentheses, negated terms
+
+
 def test_the_tokenizer_covers_the_chosen_tasks():
     from agentrl_lib.models.tiny_lm import load_tokenizer
 

@@ -132,6 +132,36 @@ def curriculum_problems(name: str, n: int, levels, split: str = "train", seed: i
     return {lv: make_problems(name, n, lv, split, seed, **cfg) for lv in levels}
 
 
+CHAIN_FORM = {"basic_arithmetic": {"operators": ["+", "-"], "allow_parentheses": False,
+                                    "allow_negation": False}}
+"""config fields that keep a generator to left-to-right sums and differences, the form
+``worked_solution`` works (chain_sum has it at every level)"""
+
+
+def worked_solution(problem: dict) -> str:
+    """The step-by-step completion of a left-to-right sum of integers (chain_sum; basic_arithmetic
+    under ``CHAIN_FORM``), one step a line, then ``answer N``: the form of
+    ``text_tasks.chain_solution``, which the chain bases were trained on. Raises ValueError on any
+    other expression (a product, parentheses, a negated term).
+
+    >>> worked_solution({"answer": "17", "entry": '{"metadata": {"expression": "8 - 4 + 7 + 6"}}'})
+    '8-4=4\\n4+7=11\\n11+6=17\\nanswer 17'
+    """
+    expr = json.loads(problem["entry"])["metadata"]["expression"]
+    terms = expr.split()
+    ops, nums = terms[1::2], terms[0::2]
+    if not all(t.isdigit() for t in nums) or set(ops) - {"+", "-"} or len(ops) != len(nums) - 1:
+        raise ValueError(f"not a left-to-right sum of integers: {expr!r}")
+    value, lines = int(nums[0]), []
+    for op, b in zip(ops, nums[1:]):
+        new = value + int(b) if op == "+" else value - int(b)
+        lines.append(f"{value}{op}{b}={new}")
+        value = new
+    if str(value) != problem["answer"]:
+        raise ValueError(f"{expr!r} works out to {value}, the entry says {problem['answer']}")
+    return "\n".join(lines + [f"answer {value}"])
+
+
 def coverage(tokenizer, texts: list[str]) -> dict:
     """How well ``tokenizer`` (a byte-level BPE) reads ``texts``: ``unknown`` pieces (the unk
     token, or text the tokenizer drops: a decode that does not give the text back), ``non_ascii``
