@@ -281,7 +281,8 @@ def first_informative(rewards: Tensor, num_groups: int) -> Tensor:
     dapo_ray_trainer.py``, ``RayDAPOTrainer.fit``: ``kept_prompt_uids``, ``batch[:traj_bsz]``).
     rewards: (N, G) -> (N,) bool, with at most ``num_groups`` True.
 
-    >>> first_informative(torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]), 2).tolist()
+    >>> r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> first_informative(r, 2).tolist()
     [False, True, True, False]
     """
     keep = ~all_equal(rewards)  # (N,)

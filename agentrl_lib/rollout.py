@@ -206,9 +206,8 @@ def concat_generations(gens: list[Generation], pad_id: int) -> Generation:
         parts = [getattr(g, field) for g in gens]
         if any(x is None for x in parts):
             return None
-        pad = lambda x: F.pad(x, (width - x.shape[1], 0) if left else (0, width - x.shape[1]),  # noqa: E731
-                              value=value)
-        return torch.cat([pad(x) for x in parts])
+        sides = [(width - x.shape[1], 0) if left else (0, width - x.shape[1]) for x in parts]
+        return torch.cat([F.pad(x, side, value=value) for x, side in zip(parts, sides)])
 
     texts = None if any(g.texts is None for g in gens) else [t for g in gens for t in g.texts]
     return Generation(cat("prompt_ids", P, pad_id, left=True), cat("prompt_mask", P, left=True),

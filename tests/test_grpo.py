@@ -351,8 +351,8 @@ def test_lite_ppo_preset_is_rolls_loss_by_hand():
     logps = old + 0.5 * torch.randn(B * G, T, generator=g) * mask  # ratios far from 1
     ref = old + 0.3 * torch.randn(B * G, T, generator=g) * mask
     cfg = preset("lite_ppo", group_size=G, num_prompts=B)
-    gen = Generation(torch.zeros(B * G, 1, dtype=torch.long), torch.ones(B * G, 1, dtype=torch.long),
-                     torch.ones(B * G, T, dtype=torch.long), mask, old)
+    ids = torch.ones(B * G, 1, dtype=torch.long)
+    gen = Generation(ids, ids, torch.ones(B * G, T, dtype=torch.long), mask, old)
     batch = grpo.advantages(grpo.Batch(gen, rewards), cfg)
     # ROLL by hand: reward_norm, then the token-level return (gamma 1), masked_whiten, clamp
     r = rewards.view(B, G)

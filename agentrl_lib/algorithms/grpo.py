@@ -519,8 +519,8 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
 
     Single-turn: DAPO's overlong penalty is added to the rewards (then ``rollout/reward`` is the
     shaped mean), ``core.group_advantages`` of the (num_prompts, group_size) rewards, then overlong
-    filtering (needs ``eos_id``) and dynamic sampling (on the rewards before shaping) drop rows. Multi-turn: ``turn_advantages``,
-    or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
+    filtering (needs ``eos_id``) and dynamic sampling (on the rewards before shaping) drop rows.
+    Multi-turn: ``turn_advantages``, or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
     progress model: any turn-level estimator, which may update its own state on the batch), spread
     over each turn's action tokens (``credit.to_token_advantages``), (B, T).
     ``rollout/kept_frac`` is the fraction of rows kept. Last, with ``cfg.whiten_adv`` or
