@@ -437,7 +437,10 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
     update) and ``rollout/informative_frac`` (of its groups, those with unequal rewards); the
     other ``rollout/*`` are over every completion generated."""
     rng, tokens = sampler_generators(train_problems, cfg, "problems")
-    G, refill = cfg.group_size, cfg.dynamic_sampling and cfg.max_num_gen_batches > 1
+    # other trainers' configs (ppo_lm's) share this sampler and have no refill fields
+    rounds_max = getattr(cfg, "max_num_gen_batches", 1)
+    max_groups = getattr(cfg, "max_groups", None)
+    G, refill = cfg.group_size, getattr(cfg, "dynamic_sampling", False) and rounds_max > 1
     spent = [0]  # groups generated so far
 
     def one_round(model) -> tuple[Generation, Tensor]:
@@ -450,8 +453,8 @@ def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list
 
     def more(rounds) -> bool:
         found = sum(int((~core.all_equal(r.view(-1, G))).sum()) for _, r in rounds)
-        room = cfg.max_groups is None or cfg.max_groups - spent[0] >= cfg.num_prompts
-        return found < cfg.num_prompts and len(rounds) < cfg.max_num_gen_batches and room
+        room = max_groups is None or max_groups - spent[0] >= cfg.num_prompts
+        return found < cfg.num_prompts and len(rounds) < rounds_max and room
 
     def sample(model, it: int = 0) -> Batch:
         t0 = time.time()
@@ -491,7 +494,7 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
     ``max_turns_at(cfg, it)`` turns of ``cfg.max_new_tokens`` tokens; ``it``: updates done). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
     rng, tokens = sampler_generators(train_seeds, cfg, "task seeds")
-    if cfg.max_num_gen_batches > 1 or cfg.max_groups is not None:
+    if getattr(cfg, "max_num_gen_batches", 1) > 1 or getattr(cfg, "max_groups", None) is not None:
         raise ValueError("max_num_gen_batches and max_groups are single-turn options")
 
     def sample(model, it: int = 0) -> Batch:
