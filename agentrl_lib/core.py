@@ -122,6 +122,32 @@ def whiten(x: Tensor, mask: Tensor | None = None, ddof: int = 0, eps: float = 1e
     return out if mask is None else out * mask.to(x.dtype)
 
 
+def whiten_clip_advantages(advantages: Tensor, mask: Tensor, whiten_adv: bool = True,
+                           adv_clip: float | None = None) -> Tensor:
+    """ROLL's advantage post-processing (``roll/utils/functionals.py``, ``compute_advantage``; its
+    LitePPO config sets ``whiten_advantages: true``, ``advantage_clip: 2.0``): each sequence's
+    advantage is spread over its tokens, whitened over every real token of the batch with
+    ``masked_whiten`` (unbiased variance, eps inside the square root) and clipped:
+
+        A~_it = clip((A_i - mu_tok) / sqrt(var_tok + 1e-8), -adv_clip, adv_clip) on mask, 0 off it
+
+    mu_tok and var_tok (ddof 1) are over the masked tokens, so a long completion weighs more.
+    As ROLL, no whitening with fewer than two real tokens. advantages: (B,) per sequence or
+    (B, T) per token; mask: (B, T). Returns (B, T).
+
+    >>> a = whiten_clip_advantages(torch.tensor([1.0, -1.0]), torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    >>> [round(x, 4) for x in a[:, 0].tolist()]
+    [0.5, -1.5]
+    """
+    m = mask.to(advantages.dtype)
+    adv = advantages[:, None] * m if advantages.dim() == 1 else advantages * m  # (B, T)
+    if whiten_adv and m.sum() > 1:
+        adv = whiten(adv, m, ddof=1, eps=1e-8, eps_in_sqrt=True)
+    if adv_clip is not None:
+        adv = adv.clamp(-adv_clip, adv_clip)
+    return adv
+
+
 def discounted_returns(r_t: Tensor, gamma: float, done_t: Tensor | None = None) -> Tensor:
     """G_t = r_t + gamma * G_{t+1} * (1 - done_t), computed right to left along the last axis.
 
@@ -247,6 +273,22 @@ def all_equal(rewards: Tensor) -> Tensor:
     return rewards.amax(dim=-1) == rewards.amin(dim=-1)
 
 
+def first_informative(rewards: Tensor, num_groups: int) -> Tensor:
+    """DAPO's dynamic sampling with refill as a mask: the first ``num_groups`` groups (rows, in
+    the order they were generated) whose rewards are not all equal (``all_equal``); the rest
+    are dropped, as verl's DAPO recipe drops the all-equal groups of each generation batch and
+    then cuts the collected batch to ``train_batch_size`` groups (``recipe/dapo/
+    dapo_ray_trainer.py``, ``RayDAPOTrainer.fit``: ``kept_prompt_uids``, ``batch[:traj_bsz]``).
+    rewards: (N, G) -> (N,) bool, with at most ``num_groups`` True.
+
+    >>> r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> first_informative(r, 2).tolist()
+    [False, True, True, False]
+    """
+    keep = ~all_equal(rewards)  # (N,)
+    return keep & (keep.cumsum(0) <= num_groups)
+
+
 def group_advantages(rewards: Tensor, estimator: str, ddof: int = 1, eps: float = 1e-4) -> Tensor:
     """The advantages of a named estimator: ``normalised_advantages`` at its point of the matrix
     (``ESTIMATORS[estimator]``, see above). rewards: (..., B, G) -> (..., B, G). ``ddof`` and
@@ -287,12 +329,16 @@ def log_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor | None = None,
 def clipped_token_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor,
                        clip_eps: float = 0.2, clip_eps_high: float | None = None,
                        mask: Tensor | None = None, is_level: str = "token",
-                       clip: str = "ppo") -> Tensor:
+                       clip: str = "ppo", dual_clip: float | None = None) -> Tensor:
     """The clipped policy-gradient loss per entry, to be minimised:
 
     'ppo'   l = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)    (Schulman et al. 2017, eq. 7)
     'cispo' l = -sg(clip(rho, 1 - eps, 1 + eps_high)) A log pi    (MiniMax-M1, eq. 4: the weight
             is capped and detached, so every token keeps a gradient, A grad log pi times the weight)
+    ``dual_clip`` = c (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729; 'ppo' only): where
+    A < 0 the loss is also capped at -c A, l = min(l, -c A), so a token whose ratio passed c gets
+    no gradient. ROLL (``roll/pipeline/rlvr/actor_worker.py``, ``ActorWorker.loss_func``:
+    ``-torch.max(-loss, (1 + pg_clip * 2) * advantages)`` where A < 0) uses c = 1 + 2 eps.
 
     rho = exp(``log_ratio``): per token, or with is_level='sequence' one per sequence (GSPO; needs
     ``mask`` for the sequence lengths), which then multiplies every token of it.
@@ -306,7 +352,11 @@ def clipped_token_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor,
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     if clip == "ppo":
         per_entry = -torch.minimum(ratio * adv, clipped * adv)
+        if dual_clip is not None:
+            per_entry = torch.where(adv < 0, torch.minimum(per_entry, -dual_clip * adv), per_entry)
     elif clip == "cispo":
+        if dual_clip is not None:
+            raise ValueError("dual_clip is a 'ppo' option")
         per_entry = -clipped.detach() * adv * logps
     else:
         raise ValueError(f"unknown clip {clip!r}; expected one of {CLIPS}")
@@ -316,9 +366,11 @@ def clipped_token_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor,
 @torch.no_grad()
 def clip_stats(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor | None = None,
                clip_eps: float = 0.2, clip_eps_high: float | None = None,
-               is_level: str = "token", clip: str = "ppo") -> dict[str, float]:
+               is_level: str = "token", clip: str = "ppo",
+               dual_clip: float | None = None) -> dict[str, float]:
     """``clipfrac``: the fraction of entries the clip acts on (module docstring): under 'ppo' those
-    whose gradient it zeroes (rho > 1 + eps_high with A > 0, rho < 1 - eps with A < 0), under
+    whose gradient it zeroes (rho > 1 + eps_high with A > 0, rho < 1 - eps with A < 0, and with
+    ``dual_clip`` = c also rho > c with A < 0), under
     'cispo' those whose weight it caps (rho outside [1 - eps, 1 + eps_high], any A); with a
     sequence-level rho every token of a clipped sequence counts.
     ``approx_kl``: the k3 estimate of KL(old || new) per token, mean(rho_t - 1 - log rho_t)."""
@@ -331,6 +383,8 @@ def clip_stats(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tenso
         ratio = torch.exp(log_ratio(logps, old_logps, mask, is_level))  # (B, 1)
     if clip == "ppo":
         clipped = ((ratio < 1.0 - clip_eps) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        if dual_clip is not None:
+            clipped = clipped | ((ratio > dual_clip) & (adv < 0))
     elif clip == "cispo":
         clipped = (ratio < 1.0 - clip_eps) | (ratio > 1.0 + eps_high)
     else:

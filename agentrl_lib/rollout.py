@@ -193,6 +193,28 @@ class Generation:
                           self.loss_mask[idx])
 
 
+def concat_generations(gens: list[Generation], pad_id: int) -> Generation:
+    """The rows of several ``Generation``s as one: prompts left-padded to the longest (P), the
+    rest right-padded to the longest (T) with ``pad_id`` and zero masks, log-probs and entropies.
+    One is returned as it is."""
+    if len(gens) == 1:
+        return gens[0]
+    P = max(g.prompt_ids.shape[1] for g in gens)
+    T = max(g.completion_ids.shape[1] for g in gens)
+
+    def cat(field, width, value=0, left=False):
+        parts = [getattr(g, field) for g in gens]
+        if any(x is None for x in parts):
+            return None
+        sides = [(width - x.shape[1], 0) if left else (0, width - x.shape[1]) for x in parts]
+        return torch.cat([F.pad(x, side, value=value) for x, side in zip(parts, sides)])
+
+    texts = None if any(g.texts is None for g in gens) else [t for g in gens for t in g.texts]
+    return Generation(cat("prompt_ids", P, pad_id, left=True), cat("prompt_mask", P, left=True),
+                      cat("completion_ids", T, pad_id), cat("completion_mask", T),
+                      cat("logps", T), cat("entropies", T), texts, cat("loss_mask", T))
+
+
 def encode_prompts(tokenizer, prompts: list[str], device) -> tuple[Tensor, Tensor]:
     """Left-pad already-formatted prompt strings into (ids, mask), both (B, P), on ``device``."""
     tokenizer.padding_side = "left"

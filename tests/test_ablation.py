@@ -54,7 +54,9 @@ def test_gain_and_paired_effects_by_hand():
 
 def test_tiny_grid_end_to_end_and_shared_random_numbers():
     """Two arms that compute the same thing give identical curves; a different arm does not
-    change the start accuracy; eval points land where asked; the task reward excludes shaping."""
+    change the start accuracy; eval points land where asked; the task reward excludes shaping;
+    DAPO's refill stays within the rollout budget (max_groups) and is evaluated where it stops;
+    Lite-PPO's KL term reads the start model."""
     from agentrl_lib.envs.text_tasks import make_problems
     from agentrl_lib.models.tiny_lm import new_model
     from agentrl_lib.rewards import format_reward
@@ -63,11 +65,13 @@ def test_tiny_grid_end_to_end_and_shared_random_numbers():
     model, tok = new_model("tiny-64", seed=0)
     train_p = make_problems("arithmetic", 40, 1, strict=False)
     eval_p = make_problems("arithmetic", 8, 1, "test", strict=False)
-    shared = dict(num_iters=3, num_prompts=2, group_size=4, max_new_tokens=4, lr=1e-3)
+    shared = dict(num_iters=3, num_prompts=2, group_size=4, max_new_tokens=4, lr=1e-3,
+                  max_groups=6)  # num_iters x num_prompts groups: the same rollouts for every arm
     arms = trick_arms(**shared)
     grid = {"GRPO": arms["GRPO"],
             "GRPO + overlong filter": arms["GRPO + overlong filter"],  # budget 4: often truncated
-            "GRPO again": arms["GRPO"], "DAPO": arms["DAPO"]}
+            "GRPO again": arms["GRPO"], "DAPO (no refill)": arms["DAPO (no refill)"],
+            "DAPO": arms["DAPO"], "Lite-PPO": arms["Lite-PPO"]}
     before = [p.detach().clone() for p in model.parameters()]
     runs = ablation.run_grid(model, tok, grid, [1], {1: (train_p, eval_p)}, [format_reward],
                              format_reward, eval_every=2, train_seeds=[5], progress=None)
@@ -79,8 +83,15 @@ def test_tiny_grid_end_to_end_and_shared_random_numbers():
     assert by["GRPO"].task_reward == by["GRPO again"].task_reward
     assert by["GRPO"].curve("rollout/reward") == by["GRPO"].task_reward  # no shaping in GRPO
     # DAPO's logged reward carries the soft overlong penalty, its task reward does not
-    dapo = by["DAPO"]
+    dapo = by["DAPO (no refill)"]
     assert all(r <= t + 1e-9 for r, t in zip(dapo.curve("rollout/reward"), dapo.task_reward))
+    assert dapo.curve("rollout/gen_batches") == [1, 1, 1] and dapo.eval_steps == [0, 2, 3]
+    # refill: several rounds an update, never past the 6 groups (3 rounds); evaluated at its end
+    rounds = by["DAPO"].curve("rollout/gen_batches")
+    assert sum(rounds) == 3 and by["DAPO"].rows[-1]["samples"] == 6 * 4
+    assert by["DAPO"].eval_steps[-1] == len(rounds) == len(by["DAPO"].task_reward)
+    assert all(r["samples"] == 4 * 2 * r["iter"] for r in by["GRPO"].rows)  # one round an update
+    assert all("losses/kl" in r for r in by["Lite-PPO"].rows if "losses/loss" in r)
     assert trick_effects(runs)[("GRPO again", 1)] == [0.0]
 
 

@@ -329,3 +329,65 @@ def test_cispo_by_hand():
     assert torch.allclose(per_nolow[0, 1], torch.tensor(0.5 * math.log(4), dtype=torch.float64))
     with pytest.raises(ValueError, match="unknown clip 'dual'"):
         core.clipped_token_loss(lp, old, adv, clip="dual")
+
+
+# --- issue 27: ROLL's Lite-PPO (dual clip, whitening, advantage clip) and DAPO's refill ----------
+def test_dual_clip_is_rolls_formula_by_hand():
+    """ROLL ``ActorWorker.loss_func``: loss = -min(rho A, clip(rho) A); where A < 0,
+    loss = -max(-loss, (1 + 2 pg_clip) A). Hand values at pg_clip 0.2, c = 1.4."""
+    rho = torch.tensor([2.0, 1.3, 0.5, 2.0, 1.1])
+    adv = torch.tensor([-1.0, -1.0, -1.0, 1.0, -2.0])
+    lp = torch.log(rho)
+    got = core.clipped_token_loss(lp, torch.zeros(5), adv, 0.2, dual_clip=1.4)
+    # A < 0: |A| max(rho, clip(rho)) capped at 1.4 |A|; A > 0: -A min(rho, 1.2)
+    want = torch.tensor([1.4, 1.3, 0.8, -1.2, 2.2])
+    assert torch.allclose(got, want)
+    surr = -torch.minimum(rho * adv, rho.clamp(0.8, 1.2) * adv)  # ROLL's lines, verbatim
+    roll = torch.where(adv < 0, -torch.maximum(-surr, (1 + 0.2 * 2) * adv), surr)
+    assert torch.allclose(got, roll)
+    assert torch.allclose(core.clipped_token_loss(lp, torch.zeros(5), adv, 0.2), surr)  # off: PPO
+    # the dual clip zeroes the gradient of the first token (rho 2 > 1.4, A < 0): clipfrac counts it
+    s = core.clip_stats(lp, torch.zeros(5), adv, clip_eps=0.2, dual_clip=1.4)
+    # token 0 (dual: rho 2 > 1.4, A < 0), 2 (rho 0.5 < 0.8, A < 0), 3 (rho 2 > 1.2, A > 0)
+    assert s["clipfrac"] == pytest.approx(3 / 5)
+    x = lp.clone().requires_grad_(True)
+    core.clipped_token_loss(x, torch.zeros(5), adv, 0.2, dual_clip=1.4).sum().backward()
+    assert x.grad[0] == 0 and x.grad[2] == 0 and x.grad[3] == 0 and x.grad[1] != 0
+    with pytest.raises(ValueError, match="'ppo' option"):
+        core.clipped_token_loss(lp, torch.zeros(5), adv, 1.0, 4.0, clip="cispo", dual_clip=1.4)
+
+
+def test_whiten_clip_advantages_is_rolls_compute_advantage_by_hand():
+    """ROLL ``compute_advantage`` with gamma = 1 (the reward at the last token, returned to every
+    token), ``masked_whiten`` (mean and unbiased var over the mask, rsqrt(var + 1e-8)), times the
+    mask, clamp(-clip, clip). Two sequences of lengths 3 and 1, A = +1 and -1: the four tokens
+    1, 1, 1, -1 have mean 1/2 and var (3/4 + 9/4)/3 = 1."""
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    got = core.whiten_clip_advantages(torch.tensor([1.0, -1.0]), mask)
+    s = 1 / math.sqrt(1 + 1e-8)
+    assert torch.allclose(got, torch.tensor([[0.5 * s] * 3, [-1.5 * s, 0, 0]]))
+    assert torch.allclose(core.whiten_clip_advantages(torch.tensor([1.0, -1.0]), mask,
+                                                      adv_clip=1.0),
+                          torch.tensor([[0.5 * s] * 3, [-1.0, 0, 0]]))
+    # an all-equal group keeps 0 under group centring, not after whitening: the token mean moves
+    g = torch.Generator().manual_seed(0)
+    a, m = torch.randn(5, generator=g), (torch.rand(5, 4, generator=g) < 0.6).long()
+    m[:, 0] = 1
+    tok = a[:, None] * m  # (B, T) as ROLL's reinforce return: the same value on every token
+    n = m.sum()
+    mean = tok.sum() / n
+    var = (((tok - mean) * m) ** 2).sum() / (n - 1)
+    want = ((tok - mean) * torch.rsqrt(var + 1e-8) * m).clamp(-2, 2)
+    assert torch.allclose(core.whiten_clip_advantages(a, m, True, 2.0), want, atol=1e-6)
+    # one real token: ROLL switches the whitening off
+    one = core.whiten_clip_advantages(torch.tensor([3.0]), torch.tensor([[1, 0]]), True, 2.0)
+    assert one.tolist() == [[2.0, 0.0]]
+
+
+def test_first_informative_by_hand():
+    """verl's refill: drop all-equal groups of each round, keep the rest in order, cut to the
+    train batch."""
+    r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.5, 1.0], [2 / 3, 2 / 3]])
+    assert core.first_informative(r, 2).tolist() == [False, True, False, True, False, False]
+    assert core.first_informative(r, 9).tolist() == [False, True, False, True, True, False]
+    assert core.first_informative(r[:1], 3).tolist() == [False]

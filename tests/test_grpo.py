@@ -85,8 +85,8 @@ def test_config_errors():
 
 def test_presets_matrix():
     m = grpo.matrix()
-    assert list(m) == ["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo", "reinforce_pp",
-                       "gspo", "cispo"]
+    assert list(m) == ["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo",
+                       "lite_ppo_plain", "reinforce_pp", "gspo", "cispo"]
     cols = ("mean_level", "std_level", "leave_one_out", "is_level", "clip", "clip_eps",
             "clip_eps_high", "loss_agg")
     want = {  # the papers' choices (grpo.py's docstring says which are inferred)
@@ -96,20 +96,28 @@ def test_presets_matrix():
         "dr_grpo": ("group", "none", False, "token", "ppo", 0.2, None, "const_norm"),
         "dapo": ("group", "group", False, "token", "ppo", 0.2, 0.28, "token_mean"),
         "lite_ppo": ("group", "batch", False, "token", "ppo", 0.2, None, "token_mean"),
+        "lite_ppo_plain": ("group", "batch", False, "token", "ppo", 0.2, None, "token_mean"),
         "reinforce_pp": ("batch", "batch", False, "token", "ppo", 0.2, None, "token_mean"),
         "gspo": ("group", "group", False, "sequence", "ppo", 3e-4, 4e-4, "seq_mean"),
         "cispo": ("group", "group", False, "token", "cispo", 1.0, 4.0, "token_mean"),
     }
     for name, row in m.items():
         assert tuple(row[c] for c in cols) == want[name], name
-        assert row["dynamic_sampling"] == (name == "dapo") and row["beta"] == 0.0
+        assert row["dynamic_sampling"] == (name == "dapo")
+        assert row["max_num_gen_batches"] == (10 if name == "dapo" else 1)  # verl's DAPO recipe
+        roll = name == "lite_ppo"  # ROLL's LitePPO config (docs "LitePPO")
+        assert (row["beta"], row["whiten_adv"], row["adv_clip"], row["dual_clip"]) == \
+            ((0.001, True, 2.0, 1.4) if roll else (0.0, False, None, None)), name
     # every row is a preset: its estimator and loss fields are the config's
     for name, row in m.items():
         cfg = preset(name)
         assert all(row[f] == getattr(cfg, f) for f in grpo.MATRIX_FIELDS), name
-    # the existing presets are the configs they were before the matrix (commit bff38d9)
-    assert preset("dapo") == GRPOConfig(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
-                                        dynamic_sampling=True, overlong_buffer=2)
+    # the existing presets are the configs they were before the matrix (commit bff38d9), but for
+    # issue 27's fidelity fixes: DAPO refills (verl), Lite-PPO is ROLL's config ('_plain': before)
+    assert preset("dapo", max_num_gen_batches=1) == GRPOConfig(
+        estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28, dynamic_sampling=True,
+        overlong_buffer=2)
+    assert preset("lite_ppo_plain") == GRPOConfig(estimator="lite_ppo", loss_agg="token_mean")
     assert preset("reinforce", lr=0.5) == GRPOConfig(estimator="batch_mean", lr=0.5)
 
 
@@ -149,7 +157,7 @@ def test_existing_presets_are_bitwise_unchanged(dtype):
     clipfracs = []
     advs = (torch.randn(B, generator=g, dtype=dtype), torch.randn(B, T, generator=g, dtype=dtype))
     for adv in advs:
-        for name in ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo"):
+        for name in ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "lite_ppo_plain"):
             for beta in (0.0, 0.04):
                 cfg = preset(name, beta=beta)
                 lp_new = logps.clone().requires_grad_(True)
@@ -325,3 +333,93 @@ def test_evaluate_samples_k_completions_with_seeded_draws(tiny_lm):
     assert a["acc"] == sum(len(c) % 2 for c in seen[0]) / len(seen[0])
     grpo.evaluate(model, tok, probs + probs, record, 6)  # greedy: a problem's twins agree
     assert len(seen[3]) == 2 * len(probs) and seen[3][:len(probs)] == seen[3][len(probs):]
+
+
+# --- issue 27: Lite-PPO as ROLL runs it, DAPO's refill as verl runs it ---------------------------
+def test_lite_ppo_preset_is_rolls_loss_by_hand():
+    """``preset('lite_ppo')``: ROLL's reward_norm (group mean, batch std), compute_advantage
+    (masked_whiten, clamp 2) and ActorWorker.loss_func (token-mean of the dual-clipped PPO loss
+    with c = 1 + 2 * 0.2, plus 0.001 x the token-mean of k3 to the reference), written out here."""
+    from agentrl_lib.rollout import Generation
+
+    g = torch.Generator().manual_seed(7)
+    B, G, T = 2, 3, 4
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # group 2 all right
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0],
+                         [1, 1, 1, 0]])
+    old = -torch.rand(B * G, T, generator=g) * mask
+    logps = old + 0.5 * torch.randn(B * G, T, generator=g) * mask  # ratios far from 1
+    ref = old + 0.3 * torch.randn(B * G, T, generator=g) * mask
+    cfg = preset("lite_ppo", group_size=G, num_prompts=B)
+    ids = torch.ones(B * G, 1, dtype=torch.long)
+    gen = Generation(ids, ids, torch.ones(B * G, T, dtype=torch.long), mask, old)
+    batch = grpo.advantages(grpo.Batch(gen, rewards), cfg)
+    # ROLL by hand: reward_norm, then the token-level return (gamma 1), masked_whiten, clamp
+    r = rewards.view(B, G)
+    a = ((r - r.mean(-1, keepdim=True)) / (rewards.std() + 1e-6)).reshape(-1)  # ROLL's eps 1e-6
+    tok = a[:, None] * mask
+    n = mask.sum()
+    mu = tok.sum() / n
+    var = ((tok - mu) ** 2 * mask).sum() / n * (n / (n - 1))
+    adv = ((tok - mu) * torch.rsqrt(var + 1e-8) * mask).clamp(-2.0, 2.0)
+    # ROLL's std eps is 1e-6, ours 1e-4: the whitening undoes any scale, so they agree
+    assert torch.allclose(batch.advantages, adv, atol=1e-5)
+    assert batch.advantages[3:].abs().sum() > 0  # the all-right group moves after whitening
+    ratio = torch.exp(logps - old)
+    loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    loss = torch.where(adv < 0, -torch.max(-loss, (1 + 0.2 * 2) * adv), loss)
+    kl = torch.exp(ref - logps) - (ref - logps) - 1  # k3, ROLL's compute_approx_kl
+    want = (loss * mask).sum() / n + 0.001 * (kl * mask).sum() / n
+    got, m = policy_loss(logps, old, batch.advantages, mask, cfg, ref)
+    assert torch.allclose(got, want, atol=1e-5) and m["kl"] > 0
+    assert ((adv < 0) & (ratio > 1.4) & (mask > 0)).any()  # the dual clip acts here
+
+
+def test_refill_sampler_as_verl(tiny_lm):
+    """DAPO's refill (verl ``RayDAPOTrainer.fit``): rounds of num_prompts prompts until num_prompts
+    informative groups are in hand, the first of them kept; the rounds, the budget and the rows
+    against the same seeded draws by hand. The reward makes a group informative exactly when its
+    answer is a multiple of 3."""
+    import random
+
+    from agentrl_lib.envs.text_tasks import make_problems
+    from agentrl_lib.rollout import concat_generations, generation_logps
+
+    model, tok = tiny_lm
+    probs = make_problems("arithmetic", 40, 1)
+    informative = lambda p: int(p["answer"]) % 3 == 0  # noqa: E731
+
+    def rew(completions, answer, **kw):
+        return [float(i % 2) if int(a) % 3 == 0 else 0.0 for i, a in enumerate(answer)]
+    for max_groups, refill in ((None, 10), (8, 10), (None, 1)):
+        cfg = GRPOConfig(num_prompts=4, group_size=2, max_new_tokens=2, dynamic_sampling=True,
+                         max_num_gen_batches=refill, max_groups=max_groups)
+        batch = grpo.completion_sampler(tok, probs, [rew], cfg)(model)
+        rng, kept, rounds = random.Random(cfg.seed), [], 0
+        while True:
+            rounds += 1
+            kept += [p for p in rng.sample(probs, 4) if informative(p)]
+            if refill == 1 or len(kept) >= 4 or rounds == refill or rounds * 4 + 4 > (
+                    max_groups or 10**9):
+                break
+        assert batch.metrics["rollout/gen_batches"] == rounds
+        assert rounds > 1 if refill > 1 else rounds == 1
+        assert batch.metrics["samples"] == rounds * 4 * 2
+        if refill > 1:
+            kept = kept[:4]
+            assert batch.rewards.tolist() == [0.0, 1.0] * len(kept)
+            prompts = tok.batch_decode(batch.seqs.prompt_ids, skip_special_tokens=True)
+            assert all(p["prompt"] in prompts[2 * i] for i, p in enumerate(kept))
+        else:  # no refill: the round as drawn; advantages() drops its all-equal groups
+            assert batch.rewards.numel() == 8
+    # concatenated rounds score as they did apart (the extra left padding changes nothing)
+    gens = [grpo.completion_sampler(tok, probs, [rew], replace(cfg, seed=s, max_new_tokens=3 - s))(
+        model).seqs for s in (0, 1)]
+    both = concat_generations(gens, tok.pad_token_id)
+    with torch.no_grad():
+        lp_both, _ = generation_logps(model, both)
+        for i, g in enumerate(gens):
+            lp, _ = generation_logps(model, g)
+            rows = slice(8 * i, 8 * (i + 1))
+            assert torch.allclose(lp_both[rows, :lp.shape[1]], lp, atol=1e-5)
+            assert torch.equal(both.completion_mask[rows, :lp.shape[1]], g.completion_mask)

@@ -61,7 +61,7 @@ def test_round_trip_and_values():
         assert not args.bf16 and not args.use_vllm and args.top_k == 0 and args.top_p == 1.0
     args = trl_adapter.to_trl_config(grpo.preset("dr_grpo"), out)
     assert (args.loss_type, args.scale_rewards) == ("dr_grpo", "none")
-    args = trl_adapter.to_trl_config(grpo.preset("lite_ppo"), out)
+    args = trl_adapter.to_trl_config(grpo.preset("lite_ppo_plain"), out)  # ROLL's: no TRL form
     assert (args.loss_type, args.scale_rewards) == ("bnpo", "batch")
     args = trl_adapter.to_trl_config(grpo.preset("gspo"), out)  # TRL's paper index's GSPO values
     assert (args.importance_sampling_level, args.loss_type, args.epsilon, args.epsilon_high) == \
@@ -81,6 +81,11 @@ def test_round_trip_and_values():
     (dict(kl_estimator="k2"), "kl_estimator"),
     (dict(dynamic_sampling=True), "dynamic_sampling"),
     (dict(overlong_buffer=2), "overlong_buffer"),
+    (dict(whiten_adv=True), "whiten_adv"),
+    (dict(adv_clip=2.0), "adv_clip"),
+    (dict(dual_clip=1.4), "dual_clip"),
+    (dict(dynamic_sampling=True, max_num_gen_batches=10), "dynamic_sampling"),
+    (dict(max_groups=40), "max_groups"),
     (dict(overlong_filter=True, loss_agg="seq_mean"), "token_mean"),
     (dict(estimator="reinforce_pp"), "not a GRPOTrainer option"),
     (dict(clip="cispo", clip_eps=1.0, clip_eps_high=4.0, loss_agg="seq_mean"), "token_mean"),
@@ -92,6 +97,8 @@ def test_unsupported_settings_raise(change, match):
         trl_adapter.to_trl_config(replace(GRPOConfig(), **change), tempfile.mkdtemp())
     with pytest.raises(ValueError):
         trl_adapter.to_trl_config(grpo.preset("dapo"), tempfile.mkdtemp())
+    with pytest.raises(ValueError):
+        trl_adapter.to_trl_config(grpo.preset("lite_ppo"), tempfile.mkdtemp())
 
 
 def test_dataset_columns():

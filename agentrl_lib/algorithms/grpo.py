@@ -81,8 +81,8 @@ import torch.nn.functional as F
 from agentrl_lib import core
 from agentrl_lib.algorithms import credit, empg, loop, turn_credit
 from agentrl_lib.algorithms.turn_credit import CRITIC_ESTIMATORS, GROUP_ESTIMATORS, TURN_ESTIMATORS
-from agentrl_lib.rollout import Generation, episode_stats, format_prompts, generate, \
-    generation_logps, lm_rollout, model_device, pad_episodes, token_generator
+from agentrl_lib.rollout import Generation, concat_generations, episode_stats, format_prompts, \
+    generate, generation_logps, lm_rollout, model_device, pad_episodes, token_generator
 from agentrl_lib.utils import check_schedule, optimizer_step, progress, scheduled
 
 Tensor = torch.Tensor
@@ -121,7 +121,28 @@ class GRPOConfig:
     kl_estimator: str = "k3"
     """'k1', 'k2' or 'k3' (GRPO uses k3)"""
     dynamic_sampling: bool = False
-    """drop groups whose rewards are all equal (they carry no gradient) before the update (DAPO)"""
+    """drop groups whose task rewards (before overlong shaping: verl's ``filter_groups.metric``
+    'acc') are all equal, they carry no gradient, before the update (DAPO)"""
+    max_num_gen_batches: int = 1
+    """dynamic sampling's refill (DAPO; verl's ``filter_groups.max_num_gen_batches``, 10 in its
+    DAPO recipes): ``completion_sampler`` generates up to this many rounds of ``num_prompts``
+    prompts for one update, keeping the groups whose task rewards differ, until ``num_prompts``
+    are kept (``core.first_informative``; verl raises when the rounds run out, here the update
+    trains on what it has); 1: no refill, the update trains on the informative groups of one
+    round. Single-turn"""
+    max_groups: int | None = None
+    """the rollout budget in groups (prompts x G completions) over the whole run: training stops
+    after the update that leaves less than one round of ``num_prompts`` groups (``budget_spent``),
+    and a refill never generates past it; with refill a run under the budget num_iters x
+    num_prompts makes fewer updates than num_iters. None: no budget"""
+    whiten_adv: bool = False
+    """ROLL's ``whiten_advantages`` (its LitePPO config: true): after the estimator, whiten the
+    advantages over every real token of the batch (``core.whiten_clip_advantages``)"""
+    adv_clip: float | None = None
+    """ROLL's ``advantage_clip`` (LitePPO: 2.0): clamp the (whitened) advantages to +-adv_clip"""
+    dual_clip: float | None = None
+    """dual-clip PPO's c (ROLL's ``dual_clip_loss``, LitePPO: true, with c = 1 + 2 clip_eps = 1.4):
+    where A < 0 the per-token loss is capped at -c A (``core.clipped_token_loss``)"""
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: length window before max_new_tokens where a linear penalty
     grows to ``overlong_penalty``; 0 turns it off (single-turn)"""
@@ -196,6 +217,18 @@ class GRPOConfig:
             raise ValueError(f"clip_eps must be > 0, got {self.clip_eps!r}")
         if self.clip_eps_high is not None and not self.clip_eps_high > 0:
             raise ValueError(f"clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
+        if self.dual_clip is not None and not (self.dual_clip > 1 and self.clip == "ppo"):
+            raise ValueError(f"dual_clip must be > 1 (with clip='ppo') or None, got "
+                             f"{self.dual_clip!r}")
+        if self.adv_clip is not None and not self.adv_clip > 0:
+            raise ValueError(f"adv_clip must be > 0 or None, got {self.adv_clip!r}")
+        if self.max_num_gen_batches < 1 or (self.max_num_gen_batches > 1
+                                            and not self.dynamic_sampling):
+            raise ValueError(f"max_num_gen_batches must be >= 1, and > 1 only with "
+                             f"dynamic_sampling; got {self.max_num_gen_batches!r}")
+        if self.max_groups is not None and self.max_groups < self.num_prompts:
+            raise ValueError(f"max_groups={self.max_groups} is less than one round of "
+                             f"num_prompts={self.num_prompts}")
         if self.horizon_schedule is not None:
             check_schedule(self.horizon_schedule)
         knobs = core.ESTIMATORS.get(self.estimator, {})
@@ -206,14 +239,21 @@ class GRPOConfig:
 
 # The named methods as config values; every value that is not a GRPOConfig default is the paper's
 # (module docstring; DAPO's overlong_buffer is scaled down to the tiny LM's completion lengths).
+# DAPO as verl's recipe runs it (recipe/dapo: run_dapo_*.sh, dapo_ray_trainer.py): dynamic sampling
+# refills the batch over up to 10 generation rounds. Lite-PPO as ROLL's LitePPO config runs it
+# (docs "LitePPO": use_kl_loss, kl_loss_coef 0.001, whiten_advantages, advantage_clip 2.0,
+# dual_clip_loss; the KL is k3, ActorWorker.loss_func); 'lite_ppo_plain' is its two tricks alone
+# (TRL's scale_rewards="batch", loss_type="bnpo"), this library's Lite-PPO before issue 27.
 PRESETS = {
     "reinforce": dict(estimator="batch_mean", loss_agg="seq_mean"),
     "rloo": dict(estimator="rloo", loss_agg="seq_mean"),
     "grpo": dict(estimator="grpo", loss_agg="seq_mean"),
     "dr_grpo": dict(estimator="dr_grpo", loss_agg="const_norm"),
     "dapo": dict(estimator="grpo", loss_agg="token_mean", clip_eps_high=0.28,
-                 dynamic_sampling=True, overlong_buffer=2),
-    "lite_ppo": dict(estimator="lite_ppo", loss_agg="token_mean"),
+                 dynamic_sampling=True, max_num_gen_batches=10, overlong_buffer=2),
+    "lite_ppo": dict(estimator="lite_ppo", loss_agg="token_mean", beta=0.001, kl_estimator="k3",
+                     whiten_adv=True, adv_clip=2.0, dual_clip=1.4),
+    "lite_ppo_plain": dict(estimator="lite_ppo", loss_agg="token_mean"),
     "reinforce_pp": dict(estimator="reinforce_pp", loss_agg="token_mean"),  # OpenRLHF's token mean
     "gspo": dict(estimator="grpo", loss_agg="seq_mean", is_level="sequence", clip_eps=3e-4,
                  clip_eps_high=4e-4),  # GSPO v2, sec. 5.1
@@ -221,8 +261,9 @@ PRESETS = {
                   clip_eps_high=4.0),  # no lower bound (MiniMax-M1); cap 5 (ScaleRL, inferred)
 }
 # The columns of ``matrix()``: the fields that tell the presets apart.
-MATRIX_FIELDS = ("estimator", "is_level", "clip", "clip_eps", "clip_eps_high", "loss_agg",
-                 "dynamic_sampling", "overlong_buffer", "beta")
+MATRIX_FIELDS = ("estimator", "is_level", "clip", "clip_eps", "clip_eps_high", "dual_clip",
+                 "loss_agg", "whiten_adv", "adv_clip", "dynamic_sampling", "max_num_gen_batches",
+                 "overlong_buffer", "beta")
 
 
 def max_turns_at(cfg: GRPOConfig, it: int) -> int:
@@ -274,14 +315,16 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
     """The clipped loss with the chosen ratio, clip and aggregation, plus beta * KL.
 
     logps, old_logps, mask: (B, T); advantages: (B,) one per sequence or (B, T) per token.
-    per-token loss l_t = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) + beta * KL_t ('ppo'), or
+    per-token loss l_t = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) + beta * KL_t ('ppo',
+    capped at -c A where A < 0 with ``cfg.dual_clip`` = c), or
     -sg(clip(rho, 1 - eps, 1 + eps_high)) A log pi_t + beta * KL_t ('cispo'), with rho = rho_t or
     the sequence's s_i (``cfg.is_level``, ``core.clipped_token_loss``), aggregated by
     ``core.aggregate`` (const_norm divides by B * max_len, default T).
     Returns (loss, {clipfrac, approx_kl[, kl]}).
     """
     per_token = core.clipped_token_loss(logps, old_logps, advantages, cfg.clip_eps,
-                                        cfg.clip_eps_high, mask, cfg.is_level, cfg.clip)  # (B, T)
+                                        cfg.clip_eps_high, mask, cfg.is_level, cfg.clip,
+                                        cfg.dual_clip)  # (B, T)
     kl = None
     if cfg.beta != 0.0:
         if ref_logps is None:
@@ -290,7 +333,7 @@ def policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tens
         per_token = per_token + cfg.beta * kl
     loss = core.aggregate(per_token, mask, cfg.loss_agg, max_len)
     metrics = core.clip_stats(logps, old_logps, advantages, mask, cfg.clip_eps, cfg.clip_eps_high,
-                              cfg.is_level, cfg.clip)
+                              cfg.is_level, cfg.clip, cfg.dual_clip)
     if kl is not None:
         with torch.no_grad():
             metrics["kl"] = core.masked_mean(kl, mask).item()
@@ -384,22 +427,64 @@ def sampler_generators(population, cfg, what: str):
 def completion_sampler(tokenizer, train_problems: list[dict], reward_funcs: list, cfg):
     """``sample(model, it=0) -> Batch``: draw ``cfg.num_prompts`` problems (seeded by ``cfg.seed``),
     generate ``cfg.group_size`` completions of each at ``cfg.temperature`` within
-    ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``."""
+    ``cfg.max_new_tokens``, score them with the sum of ``reward_funcs``.
+
+    With ``cfg.dynamic_sampling`` and ``cfg.max_num_gen_batches`` > 1 (DAPO's refill, as verl's
+    ``RayDAPOTrainer.fit``): more rounds of ``num_prompts`` problems until ``num_prompts`` groups
+    with unequal rewards are in hand (or the rounds, or ``cfg.max_groups``, run out); the batch is
+    the first ``num_prompts`` of them (``core.first_informative``). Rows log ``samples`` (the
+    completions generated so far, the budget's count), ``rollout/gen_batches`` (rounds of this
+    update) and ``rollout/informative_frac`` (of its groups, those with unequal rewards); the
+    other ``rollout/*`` are over every completion generated."""
     rng, tokens = sampler_generators(train_problems, cfg, "problems")
+    # other trainers' configs (ppo_lm's) share this sampler and have no refill fields
+    rounds_max = getattr(cfg, "max_num_gen_batches", 1)
+    max_groups = getattr(cfg, "max_groups", None)
+    G, refill = cfg.group_size, getattr(cfg, "dynamic_sampling", False) and rounds_max > 1
+    spent = [0]  # groups generated so far
+
+    def one_round(model) -> tuple[Generation, Tensor]:
+        batch = rng.sample(train_problems, cfg.num_prompts)
+        problems = [p for p in batch for _ in range(G)]  # (B*G) prompt-major
+        gen = generate(model, tokenizer, format_prompts(tokenizer, problems), cfg.max_new_tokens,
+                       temperature=cfg.temperature, generator=tokens(model))
+        spent[0] += cfg.num_prompts
+        return gen, score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B*G,)
+
+    def more(rounds) -> bool:
+        found = sum(int((~core.all_equal(r.view(-1, G))).sum()) for _, r in rounds)
+        room = max_groups is None or max_groups - spent[0] >= cfg.num_prompts
+        return found < cfg.num_prompts and len(rounds) < rounds_max and room
 
     def sample(model, it: int = 0) -> Batch:
         t0 = time.time()
-        batch = rng.sample(train_problems, cfg.num_prompts)
-        problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
         model.eval()
-        gen = generate(model, tokenizer, format_prompts(tokenizer, problems), cfg.max_new_tokens,
-                       temperature=cfg.temperature, generator=tokens(model))
+        rounds = [one_round(model)]
+        while refill and more(rounds):
+            rounds.append(one_round(model))
         t_gen = time.time() - t0
-        rewards = score(reward_funcs, gen.texts, problems).to(gen.logps.device)  # (B*G,)
-        return Batch(gen, rewards, {"rollout/reward": rewards.mean().item(),
-                                    "rollout/completion_len": gen.completion_mask.sum(-1).float().mean().item(),
-                                    "time/gen_s": t_gen}, max_len=cfg.max_new_tokens)
+        gen = concat_generations([g for g, _ in rounds], tokenizer.pad_token_id)  # (R*B*G, T)
+        rewards = torch.cat([r for _, r in rounds])  # (R*B*G,)
+        informative = ~core.all_equal(rewards.view(-1, G))  # (R*B,)
+        metrics = {"samples": spent[0] * G, "rollout/reward": rewards.mean().item(),
+                   "rollout/completion_len": gen.completion_mask.sum(-1).float().mean().item(),
+                   "rollout/gen_batches": len(rounds),
+                   "rollout/informative_frac": informative.float().mean().item(),
+                   "time/gen_s": t_gen}
+        if refill:
+            keep = core.first_informative(rewards.view(-1, G), cfg.num_prompts)  # (R*B,)
+            idx = keep.repeat_interleave(G).nonzero().squeeze(-1)
+            gen, rewards = gen.select(idx), rewards[idx]
+        return Batch(gen, rewards, metrics, max_len=cfg.max_new_tokens)
     return sample
+
+
+def budget_spent(cfg: GRPOConfig, row: dict) -> bool:
+    """Whether the rollout budget ``cfg.max_groups`` leaves less than one more round of
+    ``num_prompts`` groups after this row (``samples`` / G groups generated); False without one."""
+    if cfg.max_groups is None:
+        return False
+    return cfg.max_groups - row["samples"] // cfg.group_size < cfg.num_prompts
 
 
 def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
@@ -409,6 +494,8 @@ def episode_sampler(tokenizer, make_env, train_seeds: list[int], cfg,
     ``max_turns_at(cfg, it)`` turns of ``cfg.max_new_tokens`` tokens; ``it``: updates done). The rows are whole conversations; the loss mask covers
     the agent's tokens. system_prompt: None uses the environment's."""
     rng, tokens = sampler_generators(train_seeds, cfg, "task seeds")
+    if getattr(cfg, "max_num_gen_batches", 1) > 1 or getattr(cfg, "max_groups", None) is not None:
+        raise ValueError("max_num_gen_batches and max_groups are single-turn options")
 
     def sample(model, it: int = 0) -> Batch:
         t0 = time.perf_counter()
@@ -435,11 +522,13 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
 
     Single-turn: DAPO's overlong penalty is added to the rewards (then ``rollout/reward`` is the
     shaped mean), ``core.group_advantages`` of the (num_prompts, group_size) rewards, then overlong
-    filtering (needs ``eos_id``) and dynamic sampling drop rows. Multi-turn: ``turn_advantages``,
-    or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
+    filtering (needs ``eos_id``) and dynamic sampling (on the rewards before shaping) drop rows.
+    Multi-turn: ``turn_advantages``, or ``credit_fn(episodes) -> list of (T_i,) arrays`` when given (an ArCHer critic, a SPA-RL
     progress model: any turn-level estimator, which may update its own state on the batch), spread
     over each turn's action tokens (``credit.to_token_advantages``), (B, T).
-    ``rollout/kept_frac`` is the fraction of rows kept.
+    ``rollout/kept_frac`` is the fraction of rows kept. Last, with ``cfg.whiten_adv`` or
+    ``cfg.adv_clip`` (ROLL's Lite-PPO), the kept rows' advantages are whitened over their tokens
+    and clipped (``core.whiten_clip_advantages``), (B, T).
     """
     g, metrics = batch.seqs, dict(batch.metrics)
     if batch.episodes is not None:
@@ -449,7 +538,7 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
         tok_adv = credit.to_token_advantages(batch.episodes, turn_adv)
         T = g.completion_ids.shape[1]
         adv = torch.stack([F.pad(a, (0, T - len(a))) for a in tok_adv]).to(g.logps.device)  # (B, T)
-        rewards = batch.rewards
+        rewards = task_rewards = batch.rewards
     else:
         if credit_fn is not None:
             raise ValueError("credit_fn is a multi-turn option (the batch has no episodes)")
@@ -457,26 +546,32 @@ def advantages(batch: Batch, cfg: GRPOConfig, eos_id: int | None = None,
             raise ValueError("norm_adv=False is a multi-turn option; a single-turn estimator names "
                              "its std ('dr_grpo' is 'grpo' without it)")
         rewards = batch.rewards
+        task_rewards = rewards  # what dynamic sampling filters on (verl: metric 'acc')
         if cfg.overlong_buffer > 0:
             lengths = g.completion_mask.sum(-1)
             rewards = rewards + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
                                                  cfg.overlong_penalty).to(rewards.device)
             metrics["rollout/reward"] = rewards.mean().item()
         adv = core.group_advantages(rewards.view(-1, cfg.group_size), cfg.estimator,
-                                    ddof=cfg.std_ddof).reshape(-1)  # (B*G,)
+                                    ddof=cfg.std_ddof).reshape(-1) if rewards.numel() else \
+            rewards.clone()  # (B*G,); a refill that found no informative group is empty
     keep = torch.ones_like(rewards, dtype=torch.bool)
     if cfg.overlong_filter and batch.episodes is None:
         if eos_id is None:
             raise ValueError("overlong_filter needs eos_id")
         keep &= (g.completion_ids == eos_id).any(-1)
-    if cfg.dynamic_sampling:  # groups whose rewards are all equal carry no gradient
-        keep &= ~core.all_equal(rewards.view(-1, cfg.group_size)).repeat_interleave(cfg.group_size)
+    if cfg.dynamic_sampling:  # groups whose task rewards are all equal carry no gradient
+        keep &= ~core.all_equal(task_rewards.view(-1, cfg.group_size)).repeat_interleave(
+            cfg.group_size)
     metrics["rollout/kept_frac"] = keep.float().mean().item()
     idx = keep.nonzero().squeeze(-1)
     episodes = batch.episodes if keep.all() or batch.episodes is None else \
         [batch.episodes[i] for i in idx.tolist()]
-    return replace(batch, seqs=g if keep.all() else g.select(idx), rewards=rewards[idx],
-                   advantages=adv[idx], metrics=metrics, episodes=episodes)
+    seqs, adv = g if keep.all() else g.select(idx), adv[idx]
+    if cfg.whiten_adv or cfg.adv_clip is not None:  # ROLL's compute_advantage, on the kept rows
+        adv = core.whiten_clip_advantages(adv, seqs.loss_mask, cfg.whiten_adv, cfg.adv_clip)
+    return replace(batch, seqs=seqs, rewards=rewards[idx], advantages=adv, metrics=metrics,
+                   episodes=episodes)
 
 
 def update(model, optimizer, batch: Batch, cfg: GRPOConfig, ref_model=None, regulariser=None,
@@ -533,7 +628,8 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
     call's), if it has any, are logged under ``credit/``; ``regulariser`` adds a term of the token
     entropies to the loss (``update``); ``initial_eval``: the start's evaluation, when known;
     ``stop(row) -> bool`` ends training after the update whose row it is (evaluated then), before
-    ``cfg.num_iters`` (a budget of tool calls, as ``arpo.train``'s). Returns the logged rows
+    ``cfg.num_iters`` (a budget of tool calls, as ``arpo.train``'s); so does the rollout budget
+    ``cfg.max_groups`` (``budget_spent``). Returns the logged rows
     (``loop.run``)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     if credit_fn is None and cfg.estimator in (*CRITIC_ESTIMATORS, "empg"):
@@ -544,8 +640,11 @@ def train(model, sample, cfg: GRPOConfig, evaluate=None, ref_model=None, logger=
         return {**batch.metrics, **_credit_metrics(credit_fn),
                 **update(model, opt, batch, cfg, ref_model, regulariser, it)}
 
+    def stop_fn(row: dict) -> bool:  # the caller's stop, or the rollout budget ``cfg.max_groups``
+        return (stop is not None and bool(stop(row))) or budget_spent(cfg, row)
+
     return loop.run(model, sample, update_fn, cfg.num_iters, evaluate=evaluate,
-                    eval_every=cfg.eval_every, initial_eval=initial_eval, stop=stop,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, stop=stop_fn,
                     logger=logger, on_step=on_step, desc="grpo", report_to=cfg.report_to,
                     logging_dir=cfg.logging_dir)
 

@@ -4,7 +4,9 @@ several task difficulties, with learning curves of held-out accuracy and trainin
 The grid of Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning"
 (arXiv:2508.08221): start from GRPO, switch one trick at a time (batch-level std, no std, token-level
 aggregation, clip-higher, overlong filtering), and compare with REINFORCE, Lite-PPO (group-mean +
-batch-std advantages with token-level aggregation on the plain clipped loss) and a DAPO-style config.
+batch-std advantages with token-level aggregation, as ROLL's LitePPO config runs it: with its KL
+loss, advantage whitening and clipping and dual-clip) and DAPO (with verl's refill of dynamic
+sampling); "Lite-PPO (plain)" and "DAPO (no refill)" are the same without those.
 
 Every arm of one (difficulty, train seed) cell starts from a copy of the same model and uses the same
 ``cfg.seed``, so the first prompts and the first samples are shared (common random numbers): two arms
@@ -20,7 +22,8 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from agentrl_lib.algorithms.grpo import GRPOConfig, completion_sampler, evaluate, preset, train
+from agentrl_lib.algorithms.grpo import GRPOConfig, budget_spent, completion_sampler, evaluate, \
+    preset, train
 
 GRPO_BASE = "GRPO"
 
@@ -31,8 +34,9 @@ CONTROL = "control (lr 0)"
 def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
     """The arms of the grid, in display order; ``shared`` (lr, num_iters, ...) goes into every one.
     After the tricks and the named methods come the matrix's other presets (``grpo.PRESETS``:
-    REINFORCE++, GSPO, CISPO) and ``CONTROL``, GRPO at lr = 0, which must fail every "matches"
-    claim.
+    REINFORCE++, GSPO, CISPO), the two named variants "Lite-PPO (plain)" (``lite_ppo_plain``: the
+    two tricks alone, beta = 0) and "DAPO (no refill)" (``max_num_gen_batches=1``), and
+    ``CONTROL``, GRPO at lr = 0, which must fail every "matches" claim.
 
     One trick at a time is switched on top of GRPO (group mean/std advantage, sequence-mean loss).
     ``clip_eps_high`` = 0.28 is DAPO's value (Yu et al. 2025), also the default of the library preset.
@@ -57,6 +61,9 @@ def trick_arms(clip_eps_high: float = 0.28, **shared) -> dict[str, GRPOConfig]:
         "REINFORCE++": preset("reinforce_pp", **shared),
         "GSPO": preset("gspo", **shared),
         "CISPO": preset("cispo", **shared),
+        "Lite-PPO (plain)": preset("lite_ppo_plain", **shared),
+        "DAPO (no refill)": preset("dapo", **{"clip_eps_high": clip_eps_high, **shared,
+                                              "max_num_gen_batches": 1}),
         CONTROL: replace(grpo, lr=0.0),  # a trainer that does nothing: the negative control
     }
 
@@ -102,28 +109,33 @@ def run_arm(start_model, tokenizer, cfg: GRPOConfig, train_problems: list[dict],
             eval_problems: list[dict], eval_reward, start_acc: float, eval_every: int,
             arm: str = "", difficulty: int = 0, eval_max_new_tokens: int | None = None) -> ArmRun:
     """Train a deep copy of ``start_model`` with ``cfg`` and measure greedy held-out accuracy every
-    ``eval_every`` updates and after the last (``start_acc`` is the value at update 0)."""
+    ``eval_every`` updates and after the last (``start_acc`` is the value at update 0; the last
+    is the one that spends ``cfg.max_groups``, when set). ``start_model`` is the reference of the
+    KL term when ``cfg.beta`` != 0."""
     model = copy.deepcopy(start_model)
-    steps, accs, task_reward = [0], [float(start_acc)], []
+    steps, accs, task_reward, scored = [0], [float(start_acc)], [], []
     max_new = eval_max_new_tokens or cfg.max_new_tokens
 
     def recorded(completions, **columns):
-        # ``train`` scores each generation round once with its reward functions: record their mean
+        # ``train`` scores each generation round once with its reward functions (a refill: several)
         total = [0.0] * len(completions)
         for f in reward_funcs:
             total = [t + v for t, v in zip(total, f(completions, **columns))]
-        task_reward.append(sum(total) / len(total))
+        scored.extend(total)
         return total
 
     def on_step(row):
+        task_reward.append(sum(scored) / len(scored))  # over every completion of the update
+        scored.clear()
         done = row["iter"]  # updates finished (``loop.run``'s rows)
-        if done % eval_every == 0 or done == cfg.num_iters:
+        if done % eval_every == 0 or done == cfg.num_iters or budget_spent(cfg, row):
             steps.append(done)
             accs.append(evaluate(model, tokenizer, eval_problems, eval_reward, max_new)["acc"])
 
     t0 = time.time()
     sample = completion_sampler(tokenizer, train_problems, [recorded], cfg)
-    rows = train(model, sample, cfg, on_step=on_step, eos_id=tokenizer.eos_token_id)
+    rows = train(model, sample, cfg, on_step=on_step, eos_id=tokenizer.eos_token_id,
+                 ref_model=start_model if cfg.beta != 0.0 else None)
     return ArmRun(arm, difficulty, cfg.seed, cfg, rows, steps, accs, time.time() - t0, task_reward)
 
 
