@@ -55,6 +55,17 @@ def test_a_malformed_command_gets_the_games_answer_and_changes_nothing(cache):
     assert env.reset(seed=3) == first
 
 
+def test_a_backslash_never_reaches_the_interpreter(cache):
+    """dumb-frotz reads '\\' as its own escape: '\\exi ktata' (sampled by the tiny LM in a cpu run)
+    put it in an endless loop of 'unknown command' that wrote gigabytes to stderr."""
+    env = TextWorldEnv("tw-coin_collector", {"level": 2}, max_turns=7, cache=cache)
+    env.reset(seed=3)
+    key = env.state_key()
+    for bad in ("\\exi ktata", "take \\b coin", "\\"):
+        obs, r, done, info = env.step(bad)
+        assert not info["valid"] and "backslash" in info["error"] and info["state_key"] == key
+
+
 def test_generation_is_seeded(cache, tmp_path):
     a = TextWorldEnv("tw-coin_collector", {"level": 5}, cache=cache)
     b = TextWorldEnv("tw-coin_collector", {"level": 5}, cache=tmp_path)  # generated again

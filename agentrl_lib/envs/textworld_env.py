@@ -231,6 +231,8 @@ class TextWorldEnv:
             return "an empty command"
         if len(command) > MAX_COMMAND_CHARS or not _PRINTABLE.match(command):
             return f"a command is printable ASCII of at most {MAX_COMMAND_CHARS} characters"
+        if "\\" in command:  # dumb-frotz reads a backslash as its own escape and loops forever
+            return "a backslash is the interpreter's escape character, not a command"
         if command.split()[0] in META_VERBS:
             return f"'{command.split()[0]}' is not a command of this game"
         return None
