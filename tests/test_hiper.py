@@ -27,23 +27,38 @@ def test_hae_hand_computed():
     # segment 1 = turns 2,3: A3 = 1, A2 = 0 + .5*1 = 0.5
     # episode b (truncated, last value 2): d0 = 1 + .5*.5 - 1 = 0.25, d1 = 0 + .5*.25 - .5 = -0.375,
     # d2 = 0 + .5*2 - .25 = 0.75; segments [0], [1, 2]: A0 = .25, A2 = .75, A1 = -.375 + .5*.75 = 0
+    one = hiper.ONE_SEGMENT_PLANNER  # lam_seg = 0: each planner turn its own segment's TD error
     adv = hiper.hiper_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
-                                 lam=1.0)
+                                 lam=1.0, **one)
     np.testing.assert_allclose(adv[0], [-0.375, -0.75, 0.5, 1.0])
     np.testing.assert_allclose(adv[1], [0.25, 0.0, 0.75])
+    # the released planner (lam_seg = 0.95): A^H_k = delta^H_k + gamma^{d_k} lam_seg A^H_{k+1}
+    # a: A^H_1 = 0.5, A^H_0 = -0.375 + 0.5**2 * 0.95 * 0.5 = -0.25625 (d_0 = 2 turns)
+    # b: A^H_1 = 0.0, A^H_0 = 0.25 + 0.5 * 0.95 * 0.0 = 0.25; executor turns unchanged
+    rel = hiper.hiper_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
+                                 lam=1.0)
+    np.testing.assert_allclose(rel[0], [-0.25625, -0.75, 0.5, 1.0])
+    np.testing.assert_allclose(rel[1], [0.25, 0.0, 0.75])
     # executor lam = 0: each turn its own delta, except the planner turns (planner_lam = 1)
     adv0 = hiper.hiper_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
-                                  lam=0.0, planner_lam=1.0)
+                                  lam=0.0, planner_lam=1.0, **one)
     np.testing.assert_allclose(adv0[0], [-0.375, -0.75, 0.5, 1.0])
     np.testing.assert_allclose(adv0[1], [0.25, 0.0, 0.75])  # turn 1 opens segment 1: a planner turn
     adv00 = hiper.hiper_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
-                                   lam=0.0, planner_lam=0.0)  # one-step TD errors everywhere
+                                   lam=0.0, planner_lam=0.0, **one)  # one-step TD errors everywhere
     np.testing.assert_allclose(adv00[0], [0.0, -0.75, 0.0, 1.0])
     np.testing.assert_allclose(adv00[1], [0.25, -0.375, 0.75])
-    # planner advantages: the segment-start entries of the lam = 1 estimate
+    # planner_lam = 0 with lam_seg 0.95: b's A^H_0 = 0.25 + 0.5 * 0.95 * (-0.375) = 0.071875
+    adv01 = hiper.hiper_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
+                                   lam=0.0, planner_lam=0.0)
+    np.testing.assert_allclose(adv01[1], [0.071875, -0.375, 0.75])
+    # planner advantages: the segment-start entries
     pl = hiper.planner_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g)
-    np.testing.assert_allclose(pl[0], [-0.375, 0.5])
+    np.testing.assert_allclose(pl[0], [-0.25625, 0.5])
     np.testing.assert_allclose(pl[1], [0.25, 0.0])
+    pl0 = hiper.planner_advantages([a, b], seg, values=[va, vb], last_values=[0.0, 2.0], gamma=g,
+                                   **one)
+    np.testing.assert_allclose(pl0[0], [-0.375, 0.5])
 
 
 def _random_batch(rng, n=6, groups=2):
@@ -76,7 +91,8 @@ def test_matches_double_sum():
     last = rng.normal(size=len(eps))
     segs = hiper.stage_segments(eps)
     g, lam, plam = 0.9, 0.6, 1.0
-    ours = hiper.hiper_advantages(eps, segs, vals, last, gamma=g, lam=lam, planner_lam=plam)
+    ours = hiper.hiper_advantages(eps, segs, vals, last, gamma=g, lam=lam, planner_lam=plam,
+                                  lam_seg=0.0)
     for ep, v, seg, L, A in zip(eps, vals, segs, last, ours):
         T = len(ep)
         v_next = [v[t + 1] if t + 1 < T else (L if ep.truncated else 0.0) for t in range(T)]
@@ -89,6 +105,136 @@ def test_matches_double_sum():
             c = g * (plam if start else lam)
             want = sum(c ** (j - t) * d[j] for j in range(t, e + 1))
             assert A[t] == pytest.approx(want, abs=1e-12)
+
+
+def _released_hae(batch, gamma, lam_turn, lam_seg, norm_adv):
+    """A transcription of ``hiper_hae/core_hae.py: compute_hae_advantage`` (JonP07/HiPER-agent @
+    9d3c118) with one value head (``v_high = v_low``, its single-head fallback), no shaping,
+    ``bootstrap_truncated=False``, one row per turn: ``batch`` is a list of (traj_uid, turn_idx,
+    reward, done, switch, value). Returns (adv_low_step, adv_high_seg, boundary) per row, as torch
+    after its norm_adv step."""
+    import torch
+    N = len(batch)
+    traj_uid = [x[0] for x in batch]
+    turn_idx = np.array([x[1] for x in batch])
+    r = torch.tensor([x[2] for x in batch], dtype=torch.float64)
+    dones = np.array([x[3] for x in batch])
+    switch = np.array([x[4] for x in batch])
+    v_low = torch.tensor([x[5] for x in batch], dtype=torch.float64)
+    v_high = v_low
+    zero = torch.tensor(0.0, dtype=torch.float64)
+    groups = {}
+    for i, tid in enumerate(traj_uid):
+        groups.setdefault(tid, []).append(i)
+    traj_segments = {}
+    for tid, idxs in groups.items():
+        idxs = sorted(idxs, key=lambda i: turn_idx[i])
+        T = len(idxs)
+        boundary_pos = sorted({0} | {p for p in range(1, T) if bool(switch[idxs[p]])})
+        segs = []
+        for k, s_pos in enumerate(boundary_pos):
+            e_pos = (boundary_pos[k + 1] - 1) if (k + 1 < len(boundary_pos)) else (T - 1)
+            nxt = boundary_pos[k + 1] if (k + 1 < len(boundary_pos)) else None
+            segs.append((s_pos, e_pos, nxt))
+        traj_segments[tid] = segs
+    adv_low_step = torch.zeros(N, dtype=torch.float64)
+    for tid, idxs in groups.items():  # 1) low-level GAE within each segment
+        idxs = sorted(idxs, key=lambda i: turn_idx[i])
+        for (s_pos, e_pos, nxt_pos) in traj_segments[tid]:
+            next_adv = zero
+            boot_high = v_high[idxs[nxt_pos]] if nxt_pos is not None else None
+            for pos in range(e_pos, s_pos - 1, -1):
+                i = idxs[pos]
+                not_done = 0.0 if bool(dones[i]) else 1.0
+                if pos < e_pos:
+                    v_next = v_low[idxs[pos + 1]]
+                else:
+                    v_next = boot_high if (not_done > 0 and boot_high is not None) else zero
+                delta = r[i] + gamma * not_done * v_next - v_low[i]
+                adv_i = delta + gamma * lam_turn * not_done * next_adv
+                adv_low_step[i] = adv_i
+                next_adv = adv_i
+    adv_high_seg = torch.zeros(N, dtype=torch.float64)
+    for tid, idxs in groups.items():  # 2) high-level (segment) GAE across boundaries
+        idxs = sorted(idxs, key=lambda i: turn_idx[i])
+        segs = traj_segments[tid]
+        next_seg_adv = zero
+        for k in range(len(segs) - 1, -1, -1):
+            s_pos, e_pos, nxt_pos = segs[k]
+            start_i, end_i = idxs[s_pos], idxs[e_pos]
+            seg_return, disc = torch.tensor(0.0, dtype=torch.float64), 1.0
+            for pos in range(s_pos, e_pos + 1):
+                seg_return = seg_return + disc * r[idxs[pos]]
+                disc *= gamma
+            d_k = e_pos - s_pos + 1
+            not_done_end = 0.0 if bool(dones[end_i]) else 1.0
+            boot_v = v_high[idxs[nxt_pos]] if (not_done_end > 0 and nxt_pos is not None) else zero
+            target = seg_return + (gamma ** d_k) * not_done_end * boot_v
+            delta_k = target - v_high[start_i]
+            seg_adv_k = delta_k + (gamma ** d_k) * lam_seg * not_done_end * next_seg_adv
+            adv_high_seg[start_i] = seg_adv_k
+            next_seg_adv = seg_adv_k
+    boundary = torch.zeros(N, dtype=torch.bool)  # 4) boundary turns
+    for tid, idxs in groups.items():
+        idxs = sorted(idxs, key=lambda i: turn_idx[i])
+        boundary[idxs[0]] = True
+        for j in range(1, len(idxs)):
+            boundary[idxs[j]] |= bool(switch[idxs[j]])
+    if norm_adv:  # every turn has action tokens; every boundary turn has subgoal tokens
+        adv_low_step = (adv_low_step - adv_low_step.mean()) / (adv_low_step.std(unbiased=False)
+                                                               + 1e-8)
+        hi = adv_high_seg[boundary]
+        adv_high_seg = (adv_high_seg - hi.mean()) / (hi.std(unbiased=False) + 1e-8)
+    return adv_low_step.numpy(), adv_high_seg.numpy(), boundary.numpy()
+
+
+@pytest.mark.parametrize("norm_adv", [False, True])
+def test_matches_released_compute_hae_advantage(norm_adv):
+    """hiper_advantages against the released formula (segment-level GAE with lam_seg, the
+    per-level standardisation), on a shuffled batch of terminated and truncated episodes."""
+    rng = np.random.default_rng(3)
+    eps = _random_batch(rng, n=7)
+    vals = [rng.normal(size=len(e)) for e in eps]
+    segs = hiper.stage_segments(eps)
+    g, lam, lam_seg = 0.9, 0.7, 0.95
+    rows = []
+    for i, (ep, v, seg) in enumerate(zip(eps, vals, segs)):
+        st = hiper.segment_starts(seg)
+        for t in range(len(ep)):
+            done = t == len(ep) - 1 and not ep.truncated
+            rows.append((f"traj{i}", t, ep.rewards[t], done, bool(st[t] and t > 0), v[t]))
+    order = rng.permutation(len(rows))  # the released code sorts each trajectory by turn_idx
+    low, high, bnd = _released_hae([rows[j] for j in order], g, lam, lam_seg, norm_adv)
+    ref = np.zeros(len(rows))
+    ref[order] = np.where(bnd, high, low)  # A^H on the boundary turns, A^L on the others
+    ours = hiper.hiper_advantages(eps, segs, vals, gamma=g, lam=lam, planner_lam=1.0,
+                                  lam_seg=lam_seg, norm_adv=norm_adv)
+    np.testing.assert_allclose(np.concatenate(ours), ref, atol=1e-10)
+    if not norm_adv:  # planner_advantages: the boundary rows
+        pl = hiper.planner_advantages(eps, segs, vals, gamma=g, lam_seg=lam_seg)
+        starts = np.concatenate([hiper.segment_starts(s) for s in segs])
+        np.testing.assert_allclose(np.concatenate(pl), ref[starts], atol=1e-10)
+
+
+def test_norm_hand_computed():
+    """The released standardisation on the hand batch (gamma 0.5, lam 1, lam_seg 0.95):
+    A^L = a (-0.375, -0.75, 0.5, 1), b (0.25, 0, 0.75) over all 7 turns; A^H = (-0.25625, 0.5,
+    0.25, 0) over the 4 segment starts; each (x - mean) / std(ddof=0)."""
+    a, b = _batch()
+    seg = hiper.stage_segments([a, b])
+    kw = dict(values=[[1.0, 2.0, 0.5, 1.0], [1.0, 0.5, 0.25]], last_values=[0.0, 2.0], gamma=0.5,
+              lam=1.0)
+    got = hiper.hiper_advantages([a, b], seg, norm_adv=True, eps=0.0, **kw)
+    lo = np.array([-0.375, -0.75, 0.5, 1.0, 0.25, 0.0, 0.75])
+    hi = np.array([-0.25625, 0.5, 0.25, 0.0])
+    zl, zh = (lo - lo.mean()) / lo.std(), (hi - hi.mean()) / hi.std()
+    np.testing.assert_allclose(got[0], [zh[0], zl[1], zh[1], zl[3]])
+    np.testing.assert_allclose(got[1], [zh[2], zh[3], zl[6]])
+    # standardise_turns: the flat baseline's whitening, and a selection
+    w = hiper.standardise_turns([np.array([1.0, 3.0]), np.array([2.0, 8.0])],
+                                select=[np.array([True, True]), np.array([True, False])], eps=0.0)
+    s = np.std([1.0, 3.0, 2.0])
+    np.testing.assert_allclose(np.concatenate(w), [-1 / s, 1 / s, 0.0, 8.0])
 
 
 def test_segments():
@@ -130,18 +276,16 @@ def test_length_one_and_norm():
     one = Episode.of([("s", 0)], [1.0], group_id=0)
     adv = hiper.hiper_advantages([one], [np.zeros(1, dtype=int)], values=[np.array([0.25])])
     np.testing.assert_allclose(adv[0], [0.75])  # r - V, terminal
-    # norm_adv: a group with one turn is left as is
+    # norm_adv: a level of one entry is centred to 0 (as released: std 0, then + 1e-8)
     adv_n = hiper.hiper_advantages([one], [np.zeros(1, dtype=int)], values=[np.array([0.25])],
                                    norm_adv=True)
-    np.testing.assert_allclose(adv_n[0], [0.75])
+    np.testing.assert_allclose(adv_n[0], [0.0])
+    # all-equal advantages: 0 everywhere, no division by zero
     a, b = _batch()
-    segs = hiper.stage_segments([a, b])
-    vals = [np.zeros(4), np.zeros(3)]
-    raw = hiper.hiper_advantages([a, b], segs, vals, gamma=0.5)
-    nrm = hiper.hiper_advantages([a, b], segs, vals, gamma=0.5, norm_adv=True, ddof=1, eps=0.0)
-    s = np.concatenate(raw).std(ddof=1)
-    for p, q in zip(raw, nrm):
-        np.testing.assert_allclose(q, p / s)
+    flat = [np.zeros(4, dtype=int), np.zeros(3, dtype=int)]
+    z = hiper.hiper_advantages([a, b], flat, [np.array(a.rewards), np.array(b.rewards)],
+                               gamma=0.0, norm_adv=True)
+    assert all(np.all(x == 0) for x in z)
 
 
 def test_hiagent_hand_computed():

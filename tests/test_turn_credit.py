@@ -62,14 +62,16 @@ def test_lm_estimators_equal_the_table_path(estimator, norm_adv):
 
 def test_turn_gae_and_hiper_by_hand():
     """turn_gae with V = 0 (an empty critic) is the (gamma lam)-discounted reward to go; hiper
-    with one stage per segment cuts the trace at the stage change."""
+    with one stage per segment cuts the executor's trace at the stage change, and its planner
+    turns run the released segment-level GAE (lam_seg = 0.95) across it."""
     eps = batch()[:1]  # rewards (0, 0, 1), stages (0, 0, 1), terminated
     gae = turn_credit.turn_advantages(eps, "turn_gae", gamma=0.9, lam=0.5, critic={})[0]
     assert np.allclose(gae, [0.45 ** 2, 0.45, 1.0])
     crit = {(0, 0): 0.1, (1, 0): 0.2, (2, 1): 0.3}
     hip = turn_credit.turn_advantages(eps, "hiper", gamma=0.9, lam=0.5, critic=crit)[0]
     d = [0.0 + 0.9 * 0.2 - 0.1, 0.0 + 0.9 * 0.3 - 0.2, 1.0 - 0.3]  # delta_t, V = 0 at the end
-    assert np.allclose(hip, [d[0] + 0.9 * d[1], d[1], d[2]])  # planner_lam = 1 on turn 0
+    # turn 0 opens segment 0 (2 turns): delta^H_0 + 0.9**2 * lam_seg * A^H_1, A^H_1 = d[2]
+    assert np.allclose(hip, [d[0] + 0.9 * d[1] + 0.9 ** 2 * 0.95 * d[2], d[1], d[2]])
 
 
 def test_reinforce_and_mean_only_grpo_on_the_lm_path():

@@ -7,25 +7,40 @@ reached. A *segment* is
 one subgoal's execution: turns b_k .. e_k - 1 of an episode. HAE assigns credit at both levels:
 
 - the executor's turn t in segment k gets GAE whose lambda-trace is cut at the segment's end,
-  bootstrapping there with the value of the state where the next subgoal starts:
+  bootstrapping there with the value of the state where the next subgoal starts (released
+  ``compute_hae_advantage`` §1):
 
       delta_t = r_t + gamma V(s_{t+1}) - V(s_t),        (V = 0 after a terminal step)
       A^L_t   = sum_{j=t}^{e_k - 1} (gamma lam)^{j - t} delta_j;
 
-- the planner's decision at the segment's first turn b_k gets the return aggregated over the
-  whole execution of its subgoal (``planner_lam`` = 1, the default):
+- the planner's decision at the segment's first turn b_k gets a GAE over *segments* (an SMDP
+  across the boundaries, the released ``hiper_hae/core_hae.py``, ``compute_hae_advantage`` §2):
+  each segment's TD error is its return aggregated over the subgoal's execution, and the trace
+  runs on to the later segments with ``lam_seg`` (``algorithm.hae.lam_seg: 0.95``):
 
-      A^H_k = sum_{j=b_k}^{e_k - 1} gamma^{j - b_k} r_j + gamma^{e_k - b_k} V(s_{e_k}) - V(s_{b_k}).
+      delta^H_k = sum_{j=b_k}^{e_k - 1} gamma^{j - b_k} r_j + gamma^{d_k} V(s_{e_k}) - V(s_{b_k}),
+      A^H_k     = delta^H_k + gamma^{d_k} lam_seg A^H_{k+1},        d_k = e_k - b_k.
+
+  (``planner_lam`` = 1, the default and the released form: delta^H_k is the executor's sum over
+  the segment with lam = 1; ``lam_seg`` = 0 is the one-segment planner of before issue 27,
+  ``ONE_SEGMENT_PLANNER``.) A tabular agent has one action per turn, so at b_k A^H replaces A^L
+  (the released code puts A^H on the ``<subgoal>`` tokens and A^L on the action tokens).
+- ``norm_adv=True`` standardises as the released script (``algorithm.hae.norm_adv=True``):
+  A^L over every turn of the batch and A^H over the segment starts, separately,
+  (A - mean) / (std(ddof=0) + 1e-8), centred and batch-wide (not per group).
 
 With the exact (time-indexed) V^pi each delta_j is a martingale difference: every A above is an
-unbiased estimate of A^pi(s_t, a_t), and a sum cut at e_k has no more variance than the flat sum
-to the episode's end (flat GAE with the same lam, the special case of one segment per episode,
-which equals ``credit.turn_gae``). That is the paper's "unbiased and provably lower variance than
-flat GAE" (by "boundary bootstrapping", in its words), in the form we infer: the paper trains a
-PPO critic with two heads (planner and executor values) and lets the planner KEEP or SWITCH the
-subgoal each turn; here one V serves both levels and segments are given (notebook 40 says which
-details are inferred). LLM PPO usually runs gamma = lam = 1: flat GAE is then a Monte-Carlo return minus V,
-and HAE replaces everything after the subgoal by V at the subgoal.
+unbiased estimate of A^pi(s_t, a_t) (before the standardisation), and a sum cut at e_k (or
+continued with weights lam_seg <= 1) has no more variance than the flat sum to the episode's end
+(flat GAE with the same lam, the special case of one segment per episode, which equals
+``credit.turn_gae``). That is the paper's "unbiased and provably lower variance than flat GAE"
+(by "boundary bootstrapping", in its words). The released critic has three heads (executor,
+planner, termination) and the planner decides KEEP or SWITCH each turn; here one V serves both
+levels and segments are given (notebook 40 and ``reproductions/fidelity/40_hiper.md`` say which
+details differ). The released runs use gamma = lam = 1: flat GAE is then a Monte-Carlo return
+minus V, and HAE replaces everything after the subgoal by V at the subgoal in the executor's
+advantage. ``standardise_turns`` is the flat baseline's whitening (verl's GAE path whitens the
+batch's tokens).
 
 Hi-Agent ("Hi-Agent: Hierarchical Vision-Language Agents for Mobile Device
 Control"): critic-free GRPO at the subgoal level with a *foresight* term (inferred form):
@@ -56,7 +71,15 @@ from collections import defaultdict
 
 import numpy as np
 
+import torch
+
+from agentrl_lib import core
 from agentrl_lib.algorithms import credit
+
+ONE_SEGMENT_PLANNER = {"lam_seg": 0.0}
+"""The planner's form before issue 27 (``hiper_advantages(..., **ONE_SEGMENT_PLANNER)``): A^H_k is
+its own segment's TD error only (delta^H_k, a segment-level TD(0)); kept as a variant because it
+is HAE's least-variance planner credit with the exact V (notebook 40, section 4)."""
 
 
 def _check_segments(episodes, segments) -> list[np.ndarray]:
@@ -132,28 +155,12 @@ def batch_values(episodes, gamma: float = 0.95, key=None) -> list[np.ndarray]:
     return vals
 
 
-def hiper_advantages(episodes, segments, values=None, last_values=None, gamma: float = 0.95,
-                     lam: float = 1.0, planner_lam: float = 1.0, norm_adv: bool = False,
-                     ddof: int = 1, eps: float = 1e-4) -> list[np.ndarray]:
-    """HAE: one advantage per turn, (T_i,) float64 per episode (module docstring's equations).
-
-    segments: per episode, a segment id per turn (``stage_segments``, ``fixed_segments``).
-    values: per episode, V(s_t) per turn, (T_i,); None: ``batch_values(episodes, gamma)``.
-    last_values: per episode, V of the state after the last turn when the episode was truncated
-        (ignored when it terminated); default 0 (the finite-horizon value at the turn cap).
-    lam: the executor's trace within a segment (1: the segment's return to its end).
-    planner_lam: the trace of each segment's first turn (1: the return aggregated over the
-        subgoal's execution, A^H_k).
-    norm_adv: divide by the std (``ddof``) of the turn advantages of the episode's group, plus
-        ``eps`` (scale only: centring would bias a critic-based advantage); a group with fewer
-        than two turns or zero spread is left unscaled.
-
-    One segment per episode and planner_lam == lam is flat turn GAE (``credit.turn_gae``).
-    """
+def _hae(episodes, segments, values, last_values, gamma, lam, planner_lam, lam_seg):
+    """(A^L per turn (T_i,), A^H per segment (K_i,), segment starts (T_i,) bool) per episode."""
     segments = _check_segments(episodes, segments)
     if values is None:
         values = batch_values(episodes, gamma)
-    out = []
+    low, high, starts = [], [], []
     for i, (ep, seg) in enumerate(zip(episodes, segments)):
         T = len(ep)
         v = np.asarray(values[i], dtype=np.float64)
@@ -163,43 +170,86 @@ def hiper_advantages(episodes, segments, values=None, last_values=None, gamma: f
         v_end = 0.0 if (last_values is None or not ep.truncated) else float(last_values[i])
         v_next = np.r_[v[1:], v_end]  # (T,) V(s_{t+1})
         delta = r + gamma * v_next - v  # (T,)
-        adv = np.zeros(T)
-        starts = segment_starts(seg)
+        adv, acc = np.zeros(T), np.zeros(T)  # executor trace (lam), planner's in-segment (planner_lam)
         for t in range(T - 1, -1, -1):
             cut = t == T - 1 or seg[t + 1] != seg[t]  # the trace ends at the segment's end
             adv[t] = delta[t] + (0.0 if cut else gamma * lam * adv[t + 1])
-        if planner_lam != lam:
-            acc = np.zeros(T)  # the same recursion with planner_lam, read at segment starts
-            for t in range(T - 1, -1, -1):
-                cut = t == T - 1 or seg[t + 1] != seg[t]
-                acc[t] = delta[t] + (0.0 if cut else gamma * planner_lam * acc[t + 1])
-            adv[starts] = acc[starts]
-        out.append(adv)
+            acc[t] = delta[t] + (0.0 if cut else gamma * planner_lam * acc[t + 1])
+        st = segment_starts(seg)
+        b = np.flatnonzero(st)  # (K,) b_k
+        d = np.diff(np.r_[b, T])  # (K,) d_k, turns of each segment
+        a_h = acc[b].copy()  # (K,) delta^H_k
+        for k in range(len(b) - 2, -1, -1):  # segment-level GAE (compute_hae_advantage §2)
+            a_h[k] += gamma ** d[k] * lam_seg * a_h[k + 1]
+        low.append(adv)
+        high.append(a_h)
+        starts.append(st)
+    return low, high, starts
+
+
+def hiper_advantages(episodes, segments, values=None, last_values=None, gamma: float = 0.95,
+                     lam: float = 1.0, planner_lam: float = 1.0, lam_seg: float = 0.95,
+                     norm_adv: bool = False, eps: float = 1e-8) -> list[np.ndarray]:
+    """HAE: one advantage per turn, (T_i,) float64 per episode (module docstring's equations):
+    A^L_t on the executor's turns, A^H_k on each segment's first turn b_k.
+
+    segments: per episode, a segment id per turn (``stage_segments``, ``fixed_segments``).
+    values: per episode, V(s_t) per turn, (T_i,); None: ``batch_values(episodes, gamma)``.
+    last_values: per episode, V of the state after the last turn when the episode was truncated
+        (ignored when it terminated); default 0 (the finite-horizon value at the turn cap).
+    lam: the executor's trace within a segment (1: the segment's return to its end).
+    planner_lam: the trace within its segment of each segment's first turn (1, released: the
+        return aggregated over the subgoal's execution, delta^H_k).
+    lam_seg: the segment-level trace across boundaries (0.95, released ``algorithm.hae.lam_seg``;
+        0: ``ONE_SEGMENT_PLANNER``).
+    norm_adv: standardise as released: A^L over every turn of the batch and A^H over the segment
+        starts, separately, (A - mean) / (std(ddof=0) + eps); a level with one entry becomes 0.
+
+    One segment per episode and planner_lam == lam is flat turn GAE (``credit.turn_gae``; with
+    ``norm_adv`` its first turns are then standardised apart: use ``standardise_turns`` for the
+    flat baseline).
+    """
+    low, high, starts = _hae(episodes, segments, values, last_values, gamma, lam, planner_lam,
+                             lam_seg)
     if norm_adv:
-        out = _scale_by_group(episodes, out, ddof, eps)
+        low = standardise_turns(low, eps=eps)
+        high = standardise_turns(high, eps=eps)
+    out = []
+    for a_l, a_h, st in zip(low, high, starts):
+        a = a_l.copy()
+        a[st] = a_h
+        out.append(a)
     return out
 
 
-def planner_advantages(episodes, segments, values=None, last_values=None,
-                       gamma: float = 0.95) -> list[np.ndarray]:
-    """A^H_k of every segment, (K_i,) per episode: the segment's discounted return plus
-    gamma^{L_k} V at the next subgoal, minus V at its own start (``hiper_advantages`` at the
-    segment starts with planner_lam = 1)."""
-    adv = hiper_advantages(episodes, segments, values, last_values, gamma, lam=1.0, planner_lam=1.0)
-    segs = _check_segments(episodes, segments)
-    return [a[segment_starts(s)] for a, s in zip(adv, segs)]
+def planner_advantages(episodes, segments, values=None, last_values=None, gamma: float = 0.95,
+                       planner_lam: float = 1.0, lam_seg: float = 0.95) -> list[np.ndarray]:
+    """A^H_k of every segment, (K_i,) per episode: the segment-level GAE of the module docstring
+    (``hiper_advantages`` read at the segment starts, unnormalised)."""
+    return _hae(episodes, segments, values, last_values, gamma, 1.0, planner_lam, lam_seg)[1]
 
 
-def _scale_by_group(episodes, adv, ddof, eps):
-    out = [a.copy() for a in adv]
-    for idx in credit.groups_of(episodes).values():
-        flat = np.concatenate([adv[i] for i in idx]) if idx else np.zeros(0)
-        if len(flat) < 2 or np.all(flat == flat[0]):
-            continue
-        s = flat.std(ddof=ddof)
-        for i in idx:
-            out[i] = adv[i] / (s + eps)
-    return out
+def standardise_turns(adv, select=None, eps: float = 1e-8) -> list[np.ndarray]:
+    """(A - mean) / (std(ddof=0) + eps) over the entries of the whole batch (where ``select``, a
+    (T_i,) bool per episode, is True; the others are left as they are), ``core.whiten``: the
+    released HAE's per-level standardisation, and the flat GAE baseline's batch whitening.
+
+    >>> [a.tolist() for a in standardise_turns([np.array([1.0, 3.0]), np.array([2.0])], eps=0)]
+    [[-1.224744871391589, 1.224744871391589], [0.0]]
+    """
+    adv = [np.asarray(a, dtype=np.float64) for a in adv]
+    if select is None:
+        select = [np.ones(len(a), dtype=bool) for a in adv]
+    flat = np.concatenate([a for a in adv] or [np.zeros(0)])  # (N,) every turn of the batch
+    mask = np.concatenate([np.asarray(s, dtype=bool) for s in select] or [np.zeros(0, bool)])
+    if not mask.any():
+        return [a.copy() for a in adv]
+    x = torch.as_tensor(flat)
+    m = torch.as_tensor(mask)
+    z = core.whiten(x[m], ddof=0, eps=eps).numpy()  # the selected entries, standardised
+    flat = flat.copy()
+    flat[mask] = z
+    return np.split(flat, np.cumsum([len(a) for a in adv])[:-1])
 
 
 def segment_success(episodes, segments) -> list[np.ndarray]:
