@@ -406,6 +406,27 @@ def action_logps(model, tokenizer, contexts: list[list[int]], actions: list[str]
 
 
 @torch.no_grad()
+def sample_turns(model, tokenizer, contexts: list[list[int]], max_new_tokens: int = 8,
+                 temperature: float = 1.0, generator: torch.Generator | None = None,
+                 batch_size: int = 64) -> tuple[list[list[int]], list[str]]:
+    """One freshly sampled action for each context (token ids ending where the answer starts: a
+    ``prompt_text``, or a conversation up to a turn, as ``action_logps`` takes them): the
+    contexts are prefilled left-padded and decoded together, as ``lm_rollout`` decodes a turn.
+    Returns (rows, texts): each row's sampled ids up to and including its end-of-turn token (all
+    ``max_new_tokens`` when none came), and the decoded text (special tokens removed). Replayed
+    states with a fresh action (ArCHer's actor, ``archer.lm_train``)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows: list[list[int]] = []
+    for i in range(0, len(contexts), batch_size):
+        state = _Cache()
+        logits = _feed(model, state, contexts[i:i + batch_size], pad)  # (B, V)
+        toks, _, _, _ = _decode(model, state, logits, max_new_tokens, temperature, False,
+                                generator, eos, pad)  # (B, T)
+        rows += [r[:r.index(eos) + 1] if eos in r else r for r in toks.cpu().tolist()]
+    return rows, tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 16,
              temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None) -> Generation:

@@ -227,3 +227,128 @@ def test_tq_agent_base_is_a_noisy_expert_on_a_solvable_game():
     # the documented success of the demonstrator (sft.BASE_MODELS comment): room for RL
     assert env.success_probability(noisy) == pytest.approx(0.583, abs=1e-3)
     assert env.success_probability(lambda k: np.ones(A) / A) == pytest.approx(0.370, abs=1e-3)
+
+
+def test_replay_buffer_keeps_each_turns_context_and_draws_as_sample():
+    buf = archer.ReplayBuffer(capacity=3)
+    buf.add([("a", 0, 0.0, "b", 0.0), ("b", 1, 1.0, "c", 1.0)], [[1, 2], [1, 2, 3]])
+    buf.add([("x", 2, 0.0, "y", 1.0), ("y", 0, 0.0, "z", 1.0)])  # no contexts: None; drops "a"
+    assert [t[0] for t in buf.data] == ["b", "x", "y"] and list(buf.contexts) == [[1, 2, 3],
+                                                                                   None, None]
+    tr, ctx = buf.sample_with_contexts(6, np.random.default_rng(5))
+    assert tr == buf.sample(6, np.random.default_rng(5))
+    assert all(c == ([1, 2, 3] if t[0] == "b" else None) for t, c in zip(tr, ctx))
+
+
+def test_turn_contexts_are_the_tokens_before_each_action():
+    ep = Episode.of(["s0", "s1"], [0.0, 1.0])
+    assert archer.turn_contexts(ep) == [None, None]
+    ep.prompt_ids, ep.token_ids, ep.turn_spans = [7, 8], [1, 2, 3, 4, 5, 6], [(0, 2), (4, 6)]
+    assert archer.turn_contexts(ep) == [[7, 8], [7, 8, 1, 2, 3, 4]]
+
+
+def test_v_term_on_fresh_actions_is_the_reference_critic_loss_by_hand():
+    # the reference's critic_loss: V_e(s) regressed on Q_e^targ(s, a_pi) of the given fresh
+    # actions (here of a pool of two states), Q_e(s, a) on r + gamma (1 - d) V_e^targ(s')
+    cfg = ArcherConfig(gamma=0.5, num_critics=2)
+    critic = archer.ArcherCritic(2, cfg)
+    with torch.no_grad():  # the online table; the target keeps its own numbers
+        for key, q_row, v_row in [("s", [1.0, 0.0, 0.0, 0.5, 2.0, 0.0], [0.2, 0.4]),
+                                  ("t", [0.0, 3.0, 0.0, 0.0, 1.0, 0.0], [1.0, 0.0])]:
+            r = critic.net.features.row(key)
+            critic.net.q_head.weight[r] = torch.tensor(q_row)
+            critic.net.v_head.weight[r] = torch.tensor(v_row)
+        critic.target.load_state_dict(critic.net.state_dict())
+    batch = [("s", 0, 1.0, "t", 0.0)]  # y_e = 1 + 0.5 V_e^targ(t) = (1.5, 1.0); Q_e(s,0)=(1, .5)
+    loss, m = critic.loss(batch, v_batch=(["s", "t"], [1, 1]))
+    # V term: states s, t with a_pi = 1: targets Q^targ(s,1) = (0, 2), Q^targ(t,1) = (3, 1);
+    # V(s) = (.2, .4), V(t) = (1, 0): mean over the pool, summed over members
+    v_hand = ((0.2 - 0) ** 2 + (1 - 3) ** 2) / 2 + ((0.4 - 2) ** 2 + (0 - 1) ** 2) / 2
+    q_hand = (1 - 1.5) ** 2 + (0.5 - 1.0) ** 2
+    assert m["v_loss"] == pytest.approx(v_hand) and m["q_loss"] == pytest.approx(q_hand)
+    assert loss.item() == pytest.approx(v_hand + q_hand)
+    # without a pool, the logged action's Q^targ(s, 0) = (1, .5) is V(s)'s target
+    _, m_logged = critic.loss(batch)
+    assert m_logged["v_loss"] == pytest.approx((0.2 - 1) ** 2 + (0.4 - 0.5) ** 2)
+
+
+def test_turn_logps_is_the_sum_of_the_actions_token_logprobs(tiny_lm):
+    # the reference's get_log_prob: sum over the action tokens of log softmax, by a plain
+    # forward pass of each (context + action) alone
+    model, tok = tiny_lm
+    contexts, actions = [[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15]]
+    lp = archer.turn_logps(model, contexts, actions, tok.pad_token_id)
+    for c, a, got in zip(contexts, actions, lp):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([c + a])).logits[0]  # (L, V)
+        logp = torch.log_softmax(logits.float(), -1)
+        hand = sum(logp[len(c) - 1 + k, t] for k, t in enumerate(a))
+        assert got.item() == pytest.approx(hand.item(), abs=1e-4)
+    assert lp.requires_grad
+
+
+def _lm_setup(tiny_lm, cfg):
+    model, tok = tiny_lm
+    env = TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"], max_turns=3)
+    from agentrl_lib.rollout import lm_rollout
+
+    eps = lm_rollout(model, tok, lambda: TwentyQuestionsEnv(
+        items=["dog", "eagle", "car", "airplane"], max_turns=3), [0, 1], 2, 3, 4,
+        generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    critic = archer.key_critic(env, cfg, np.random.default_rng(0))
+    critic.add(eps)
+    return model, tok, env, critic, eps
+
+
+def test_lm_actor_step_is_reinforce_on_replayed_states_with_fresh_actions(tiny_lm):
+    import copy
+
+    cfg = ArcherConfig(hidden=8, batch_size=4, actor_batch_size=3, actor_lr=1e-2,
+                       max_grad_norm=None, seed=0)
+    model, tok, env, critic, _ = _lm_setup(tiny_lm, cfg)
+    model = copy.deepcopy(model)
+    parse = lambda t: env.parse(t)[0]  # noqa: E731
+    start = copy.deepcopy(model)
+    # by hand: the same replay draw and token draws, A from the critic, -mean(log pi A), SGD
+    rng_state = copy.deepcopy(critic.rng)
+    batch, ctx = critic.buffer.sample_with_contexts(3, rng_state)
+    rows, cols = archer.fresh_actions(model, tok, ctx, parse, critic.num_actions, 4, 1.0,
+                                      torch.Generator().manual_seed(9))
+    adv = critic.advantages([t[0] for t in batch], cols)
+    logps = archer.turn_logps(start, ctx, rows, tok.pad_token_id)
+    hand_loss = -(logps * adv).mean()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.actor_lr)
+    m = archer.lm_actor_step(model, tok, critic, opt, cfg, parse, 4, 1.0,
+                             torch.Generator().manual_seed(9))
+    assert m["actor_loss"] == pytest.approx(hand_loss.item(), abs=1e-5)
+    hand_loss.backward()
+    for p0, p1 in zip(start.parameters(), model.parameters()):  # one SGD step: p - lr grad
+        expected = p0 - cfg.actor_lr * (p0.grad if p0.grad is not None else 0)
+        torch.testing.assert_close(p1, expected, atol=1e-6, rtol=1e-5)
+    assert 0.0 <= m["fresh_invalid"] <= 1.0
+
+
+def test_lm_train_warms_up_the_critic_then_trains_the_actor_on_replay(tiny_lm):
+    import copy
+
+    from agentrl_lib.algorithms.grpo import GRPOConfig, episode_sampler
+
+    cfg = ArcherConfig(num_iters=3, hidden=8, batch_size=4, critic_updates=2, actor_updates=2,
+                       actor_batch_size=3, v_samples=4, warmup_iters=1, actor_lr=1e-2,
+                       bootstrap_truncated=False, seed=0)
+    model, tok, env, critic, _ = _lm_setup(tiny_lm, cfg)
+    model = copy.deepcopy(model)
+    critic = archer.key_critic(env, cfg, np.random.default_rng(0))
+    make = lambda: TwentyQuestionsEnv(items=["dog", "eagle", "car", "airplane"],  # noqa: E731
+                                      max_turns=3)
+    gcfg = GRPOConfig(num_prompts=2, group_size=2, max_turns=3, max_new_tokens=4, seed=0)
+    before = [p.clone() for p in model.parameters()]
+    rows = archer.lm_train(model, tok, episode_sampler(tok, make, list(range(50)), gcfg), critic,
+                           cfg, lambda t: env.parse(t)[0], 4)
+    assert [r["iter"] for r in rows] == [1, 2, 3]
+    assert "losses/actor_loss" not in rows[0] and "losses/v_loss" in rows[0]  # warm-up
+    assert all("losses/actor_loss" in r for r in rows[1:])
+    assert len(critic.buffer) == sum(r["rollout/turns"] * 4 for r in rows)
+    assert all(c is not None for c in critic.buffer.contexts)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -459,3 +459,16 @@ def test_eval_panel_shows_progress_over_turns_unless_quiet(moving_lm, monkeypatc
     assert grpo.evaluate_agent(model, tok, make_env(), [0, 1], max_turns=4, max_new_tokens=4,
                                samples=1, seed=3) == loud  # the bar changes nothing it measures
     assert capsys.readouterr().err == ""
+
+
+def test_sample_turns_is_the_rollouts_first_turn(tiny_lm):
+    # the same contexts (the first prompts) and the same generator draw the same first actions
+    model, tok = tiny_lm
+    from agentrl_lib.rollout import sample_turns
+
+    eps = lm_rollout(model, tok, make_env(), [0, 1, 2], group_size=2, max_turns=1,
+                     max_new_tokens=5, generator=torch.Generator().manual_seed(3))
+    rows, texts = sample_turns(model, tok, [ep.prompt_ids for ep in eps], 5,
+                               generator=torch.Generator().manual_seed(3))
+    assert rows == [ep.token_ids[s:e] for ep in eps for s, e in ep.turn_spans]
+    assert texts == [ep.actions[0] for ep in eps]

@@ -25,12 +25,18 @@ use the action in the buffer, i.e. V of the behaviour policy); critics read feat
 environment's hashable state key (one-hot = tabular) instead of a RoBERTa embedding of the text;
 a malformed turn (no symbolic action) is one extra action column.
 
-**The LM actor** (notebook 32, last part): ``lm_credit_fn`` plugs the critic into the one LM loop
-(``grpo.train(..., credit_fn=)``), with an MLP critic over ``env.key_features`` (``key_critic``).
-Simplified there (ours): the actor takes one policy-gradient step per rollout batch on that batch's
-own turns (the loop's clipped loss at rho = 1, i.e. REINFORCE with A), not steps on replayed states
-with fresh actions; and the V target is Q^targ of the logged action (scoring every symbolic action
-under the LM for E_pi would cost a forward pass per action).
+**The LM actor** (notebook 32, last part): ``lm_train``, the reference's ``ArcherTrainer.update``
+on ``loop.run`` with the one LM sampler (``grpo.episode_sampler``) and an MLP critic over
+``env.key_features`` (``key_critic``). Each round the rollouts go into the replay buffer with each
+turn's context (the conversation's token ids before the action); the V term of the TD steps uses
+one fresh action of the current LM for each of ``v_samples`` replayed states (the reference draws
+one per sampled transition; a pool a round is what our cost allows); after the warm-up the actor
+takes ``actor_updates`` steps, each on ``actor_batch_size`` replayed states with a fresh action
+(``lm_actor_step``), REINFORCE with A and log pi(a|s) the sum of the action's token log-probs.
+The variant (ours until issue 27): ``lm_credit_fn`` plugs the critic into ``grpo.train(...,
+credit_fn=)``, so the actor takes one step per rollout batch on that batch's own turns (rho = 1:
+REINFORCE with A) and the V target is Q^targ of the logged action: an on-policy actor behind an
+off-policy critic.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from torch import nn
 
 from agentrl_lib.algorithms import agent_pg, credit, loop
 from agentrl_lib.models.policies import KeyRows
-from agentrl_lib.rollout import episode_stats, play_episodes
+from agentrl_lib.rollout import (episode_stats, model_device, play_episodes, sample_turns,
+                                 sequence_logps, token_generator)
 from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
@@ -72,7 +79,13 @@ class ArcherConfig:
     critic_updates: int = 20
     """critic gradient steps per round (each followed by a soft target update)"""
     actor_updates: int = 5
-    """actor gradient steps per round"""
+    """actor gradient steps per round (the reference's actor_epochs: each one optimizer step)"""
+    actor_batch_size: int | None = None
+    """replayed states per actor step; None: ``batch_size`` (the LM actor: one generated action
+    and one forward and backward pass per state)"""
+    v_samples: int = 64
+    """LM actor (``lm_train``) with ``v_target='policy'``: replayed states given one fresh action
+    of the current policy per round, the states and actions of every TD step's V term"""
     warmup_iters: int = 2
     """rounds in which only the critic trains (reference: warmup_iter)"""
     capacity: int = 100_000
@@ -82,9 +95,9 @@ class ArcherConfig:
     hidden: int = 0
     """0: linear critic on the features (one-hot features = a table); >0: MLP width"""
     v_target: str = "policy"
-    """'policy': V(s) <- E_{a~pi} Q^targ(s, a) under the current policy (the reference, in
-    expectation); 'logged': V(s) <- Q^targ(s, a_logged) (no unvisited Q(s, a) in the target:
-    a table has no estimate for them; ours)"""
+    """'policy': V(s) <- E_{a~pi} Q^targ(s, a) under the current policy (the reference: one
+    fresh sample; a table takes the expectation, the LM ``v_samples`` fresh samples a round);
+    'logged': V(s) <- Q^targ(s, a_logged) (V of the behaviour mix in the buffer; ours)"""
     actor_actions: str = "fresh"
     """'fresh': a ~ pi(.|s) on replayed states (the reference); 'buffer': the logged action of
     the replayed turn (only pairs the critic has data for; ours)"""
@@ -257,21 +270,40 @@ def episode_transitions(ep, num_actions: int, bootstrap_truncated: bool = True) 
     return out
 
 
+def turn_contexts(ep) -> list:
+    """The token ids an LM saw before each turn's action, ``prompt_ids + token_ids[:start_t]``
+    (``turn_spans``), (T,); ``[None] * T`` for an episode without tokens (a symbolic policy)."""
+    if ep.token_ids is None or ep.turn_spans is None:
+        return [None] * len(ep)
+    return [list(ep.prompt_ids) + list(ep.token_ids[:start]) for start, _ in ep.turn_spans]
+
+
 class ReplayBuffer:
-    """Turn transitions (s, a, r, s', done), uniform sampling, oldest dropped at ``capacity``."""
+    """Turn transitions (s, a, r, s', done), uniform sampling, oldest dropped at ``capacity``.
+    Beside each, the LM's context of the turn (``turn_contexts``; None for a symbolic policy),
+    the state an LM actor replays with a fresh action (``lm_train``)."""
 
     def __init__(self, capacity: int = 100_000):
         self.data: deque = deque(maxlen=capacity)
+        self.contexts: deque = deque(maxlen=capacity)
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def add(self, transitions) -> None:
+    def add(self, transitions, contexts=None) -> None:
+        transitions = list(transitions)
         self.data.extend(transitions)
+        self.contexts.extend([None] * len(transitions) if contexts is None else contexts)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> list[tuple]:
         idx = rng.integers(len(self.data), size=batch_size)
         return [self.data[i] for i in idx]
+
+    def sample_with_contexts(self, batch_size: int,
+                             rng: np.random.Generator) -> tuple[list[tuple], list]:
+        """``sample``'s draw (the same generator calls), with each transition's context."""
+        idx = rng.integers(len(self.data), size=batch_size)
+        return [self.data[i] for i in idx], [self.contexts[i] for i in idx]
 
 
 class ArcherCritic:
@@ -300,10 +332,16 @@ class ArcherCritic:
 
     def add(self, episodes) -> None:
         for ep in episodes:
-            self.buffer.add(episode_transitions(ep, self.num_actions, self.cfg.bootstrap_truncated))
+            self.buffer.add(episode_transitions(ep, self.num_actions, self.cfg.bootstrap_truncated),
+                            turn_contexts(ep))
 
-    def loss(self, batch, policy_probs=None) -> tuple[Tensor, dict]:
-        """Sum over members of MSE(Q_e(s,a), y_e) + MSE(V_e(s), E_pi Q_e^targ(s, .))."""
+    def loss(self, batch, policy_probs=None, v_batch=None) -> tuple[Tensor, dict]:
+        """Sum over members of MSE(Q_e(s,a), y_e) + MSE(V_e(s), E_pi Q_e^targ(s, .)).
+
+        The V term: on the batch's states, with ``policy_probs(keys) -> (B, A)`` the exact
+        expectation, else Q_e^targ(s, a) of the logged action; or, with ``v_batch`` = (keys,
+        actions), on those states with Q_e^targ(s, a_pi) of their given actions (one fresh
+        sample of the current policy each: the reference's ``critic_loss``, ``lm_train``)."""
         s, a, r, s2, done = zip(*batch)
         dev = self.net.device
         a = torch.tensor(a, dtype=torch.long, device=dev)  # (B,)
@@ -313,21 +351,30 @@ class ArcherCritic:
         with torch.no_grad():
             _, v_next = self.target(list(s2))  # (B, E)
             y = td_targets(r, done, v_next, self.cfg.gamma)  # (B, E)
-            q_targ, _ = self.target(list(s))  # (B, E, A+1)
-            probs = None if policy_probs is None else \
-                torch.as_tensor(policy_probs(list(s)), device=dev)
-            yv = v_targets(q_targ, probs, a)  # (B, E)
+            if v_batch is None:
+                q_targ, _ = self.target(list(s))  # (B, E, A+1)
+                probs = None if policy_probs is None else \
+                    torch.as_tensor(policy_probs(list(s)), device=dev)
+                yv = v_targets(q_targ, probs, a)  # (B, E)
+            else:
+                q_targ, _ = self.target(list(v_batch[0]))  # (P, E, A+1)
+                yv = v_targets(q_targ, None, torch.as_tensor(v_batch[1], dtype=torch.long,
+                                                             device=dev))  # (P, E)
+        if v_batch is not None:
+            _, v = self.net(list(v_batch[0]))  # (P, E)
         q_a = q.gather(-1, a.view(-1, 1, 1).expand(-1, q.shape[1], 1)).squeeze(-1)  # (B, E)
         q_loss = ((q_a - y) ** 2).mean(0).sum()
         v_loss = ((v - yv) ** 2).mean(0).sum()
         return q_loss + v_loss, {"q_loss": q_loss.item(), "v_loss": v_loss.item(),
                                  "q_mean": q_a.mean().item(), "v_mean": v.mean().item()}
 
-    def update(self, num_steps: int, policy_probs=None) -> dict:
+    def update(self, num_steps: int, policy_probs=None, v_batch=None) -> dict:
+        """``num_steps`` TD steps on batches from the buffer (V term: ``loss``), each followed by
+        a soft target update; the last step's metrics."""
         metrics = {}
         for _ in range(num_steps):
             loss, metrics = self.loss(self.buffer.sample(self.cfg.batch_size, self.rng),
-                                      policy_probs)
+                                      policy_probs, v_batch)
             optimizer_step(self.opt, loss, self.cfg.max_grad_norm)
             soft_update(self.target, self.net, self.cfg.tau)
         return metrics
@@ -369,8 +416,8 @@ def key_critic(env, cfg: ArcherConfig | None = None,
 
 
 def lm_credit_fn(critic: ArcherCritic, critic_updates: int, policy_probs=None):
-    """ArCHer's turn critic as a ``credit_fn`` for the one LM loop (``grpo.train(...,
-    credit_fn=)``): on each batch of LM episodes it adds their turns to the replay buffer, takes
+    """The on-batch variant (ours; the reference's actor is ``lm_train``): ArCHer's turn critic as
+    a ``credit_fn`` for the one LM loop (``grpo.train(..., credit_fn=)``): on each batch of LM episodes it adds their turns to the replay buffer, takes
     ``critic_updates`` TD steps (each with a soft target update; V target = Q^targ of the logged
     action unless ``policy_probs`` is given) and returns A(s_t, a_t) = min_e Q_e - min_e V_e of
     each turn from the updated online critic, (T_i,) per episode; the loop spreads each over its
@@ -400,6 +447,102 @@ def archer_advantages(episodes, critic: ArcherCritic) -> list[np.ndarray]:
 def token_advantages(episodes, critic: ArcherCritic) -> list[Tensor]:
     """The LM level: each turn's advantage on every one of its action tokens, 0 elsewhere."""
     return credit.to_token_advantages(episodes, archer_advantages(episodes, critic))
+
+
+# --- the LM actor: replayed states, fresh actions (the reference's ArcherTrainer.update) ---------
+def turn_logps(model, contexts: list[list[int]], actions: list[list[int]], pad_id: int) -> Tensor:
+    """log pi(a | context) = the sum of the action's token log-probs (the reference's
+    ``get_log_prob``), with gradients: contexts left-padded as prompts, actions right-padded as
+    completions, ``rollout.sequence_logps`` (the packed pass: no padding inside a row). (B,)."""
+    B, P, T = len(contexts), max(len(c) for c in contexts), max(len(a) for a in actions)
+    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long, device="cpu")
+    prompt_mask = torch.zeros(B, P, dtype=torch.long, device="cpu")
+    ids = torch.full((B, T), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros(B, T, dtype=torch.long, device="cpu")
+    for i, (c, a) in enumerate(zip(contexts, actions)):
+        prompt_ids[i, P - len(c):] = torch.tensor(c, dtype=torch.long, device="cpu")
+        prompt_mask[i, P - len(c):] = 1
+        ids[i, :len(a)] = torch.tensor(a, dtype=torch.long, device="cpu")
+        mask[i, :len(a)] = 1
+    dev = model_device(model)
+    logps, _ = sequence_logps(model, prompt_ids.to(dev), prompt_mask.to(dev), ids.to(dev),
+                              mask.to(dev))  # (B, T), 0 off the action
+    return logps.sum(-1)  # (B,)
+
+
+def fresh_actions(model, tokenizer, contexts, parse, num_actions: int, max_new_tokens: int,
+                  temperature: float, generator) -> tuple[list[list[int]], list[int]]:
+    """a ~ pi(.|context) for each replayed context (``rollout.sample_turns``): (token rows, the
+    critic's action column of each: ``parse(text)`` -> index or None, None -> ``num_actions``,
+    the malformed column)."""
+    rows, texts = sample_turns(model, tokenizer, [list(c) for c in contexts], max_new_tokens,
+                               temperature, generator)
+    cols = []
+    for text in texts:
+        a = parse(text)
+        cols.append(num_actions if a is None else int(a))
+    return rows, cols
+
+
+def lm_actor_step(model, tokenizer, critic: ArcherCritic, optimizer, cfg: ArcherConfig, parse,
+                  max_new_tokens: int, temperature: float = 1.0, generator=None) -> dict:
+    """One ArCHer actor step of an LM (the reference's actor epoch, ``ArcherTrainer.update``):
+    ``actor_batch_size`` states from the replay buffer (their contexts), a fresh a ~ pi(.|s)
+    each, A = min_e Q_e(s, a) - min_e V_e(s) from the online critic (no gradient), then one step
+    on -mean(log pi(a|s) A) with log pi(a|s) the sum of the action's token log-probs."""
+    batch, contexts = critic.buffer.sample_with_contexts(cfg.actor_batch_size or cfg.batch_size,
+                                                         critic.rng)
+    model.eval()
+    rows, cols = fresh_actions(model, tokenizer, contexts, parse, critic.num_actions,
+                               max_new_tokens, temperature, generator)
+    adv = critic.advantages([tr[0] for tr in batch], cols)  # (B,)
+    model.train()
+    logps = turn_logps(model, contexts, rows, tokenizer.pad_token_id)  # (B,)
+    loss, metrics = actor_loss(logps, adv.to(logps.device, logps.dtype))
+    metrics["grad_norm"] = optimizer_step(optimizer, loss, cfg.max_grad_norm)
+    metrics["fresh_invalid"] = float(np.mean([a == critic.num_actions for a in cols]))
+    model.eval()
+    return metrics
+
+
+def lm_train(model, tokenizer, sample, critic: ArcherCritic, cfg: ArcherConfig, parse,
+             max_new_tokens: int, temperature: float = 1.0, evaluate=None, logger=None,
+             initial_eval: dict | None = None, on_step=None) -> list[dict]:
+    """ArCHer with an LM actor, on ``loop.run`` (the reference's ``offpolicy_train_loop`` with
+    ``ArcherTrainer.update``). Each round: ``sample(model, it)`` (``grpo.episode_sampler``: the
+    same rollouts as any LM arm) into the replay buffer with each turn's context; with
+    ``cfg.v_target='policy'`` ``cfg.v_samples`` replayed states get one fresh action of the
+    current policy each, the V term of every TD step (V_e(s) <- Q_e^targ(s, a_pi)); else the
+    logged action's; ``cfg.critic_updates`` TD steps; after ``cfg.warmup_iters`` rounds,
+    ``cfg.actor_updates`` actor steps (``lm_actor_step``) with AdamW at ``cfg.actor_lr`` (no
+    weight decay). The rollout batch itself is never trained on by the actor. ``parse(text)``:
+    the critic's action index of a text or None. Returns the rows (``losses/*``: the last critic
+    and actor steps')."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor_lr, weight_decay=0.0)
+    generator = token_generator(model, 10**6 + cfg.seed)  # apart from the sampler's draws
+
+    def update_fn(batch, it: int) -> dict:
+        critic.add(batch.episodes)
+        v_batch = None
+        if cfg.v_target == "policy":
+            pool, contexts = critic.buffer.sample_with_contexts(cfg.v_samples, critic.rng)
+            _, cols = fresh_actions(model, tokenizer, contexts, parse, critic.num_actions,
+                                    max_new_tokens, temperature, generator)
+            v_batch = ([tr[0] for tr in pool], cols)
+        elif cfg.v_target != "logged":
+            raise ValueError(f"v_target must be 'policy' or 'logged', got {cfg.v_target!r}")
+        row = {f"losses/{k}": v for k, v in critic.update(cfg.critic_updates, None,
+                                                          v_batch).items()}
+        if it >= cfg.warmup_iters:
+            for _ in range(cfg.actor_updates):
+                row.update({f"losses/{k}": v for k, v in lm_actor_step(
+                    model, tokenizer, critic, optimizer, cfg, parse, max_new_tokens,
+                    temperature, generator).items()})
+        return row
+
+    return loop.run(model, sample, update_fn, cfg.num_iters, evaluate=evaluate,
+                    eval_every=cfg.eval_every, initial_eval=initial_eval, logger=logger,
+                    on_step=on_step, desc="archer-lm")
 
 
 # --- the training loop (non-LM actor) -------------------------------------------------------------
