@@ -12,7 +12,8 @@ Conventions (where papers differ, the choice is stated and the alternative is an
 - A group whose rewards are all equal gets advantage exactly 0 under every group estimator (its
   float32 std is not always 0: 2/3 eight times has a std of about 6e-8).
 - ``whiten`` states its ddof and where its eps goes: CleanRL divides by ``std + eps`` (ddof=1);
-  TRL and lm-human-preferences multiply by ``rsqrt(var + eps)`` (ddof=0).
+  TRL's ``masked_whiten`` multiplies by ``rsqrt(var + eps)`` with the unbiased variance (ddof=1,
+  ``masked_var(unbiased=True)``), lm-human-preferences' ``tf.nn.moments`` with ddof=0.
 - The fraction of clipped entries (``clipfrac``) counts where the clipped branch of the PPO
   minimum is active, i.e. the gradient is zero: rho > 1 + eps_high with A > 0, or rho < 1 - eps
   with A < 0 (TRL's "clip ratio"; CleanRL counts |rho - 1| > eps whatever the sign of A). Under
@@ -101,7 +102,8 @@ def whiten(x: Tensor, mask: Tensor | None = None, ddof: int = 0, eps: float = 1e
     """(x - mean) / (std + eps) over the entries where ``mask`` is 1 (all when None); 0 elsewhere.
 
     ddof: 0 for the population std, 1 for the unbiased one. eps_in_sqrt: multiply by
-    rsqrt(var + eps) instead (TRL's ``masked_whiten``, lm-human-preferences' ``tf.nn.moments``).
+    rsqrt(var + eps) instead (TRL's ``masked_whiten`` with ddof=1; lm-human-preferences'
+    ``tf.nn.moments`` with ddof=0).
 
     >>> whiten(torch.tensor([1.0, 3.0])).tolist()
     [-1.0, 1.0]

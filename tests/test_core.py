@@ -173,9 +173,13 @@ def test_whiten_conventions():
     assert torch.allclose(w1, torch.tensor([-1.0, 0.0, 1.0, 0.0]), atol=1e-6)
     # CleanRL's normalize: (x - mean) / (std(ddof=1) + 1e-8), unmasked
     assert torch.equal(core.whiten(x, ddof=1), (x - x.mean()) / (x.std() + 1e-8))
-    # TRL's masked_whiten: (x - mean) * rsqrt(var(ddof=0) + 1e-8) over the mask
-    trl = (x - 2.0) * torch.rsqrt(torch.tensor(2 / 3) + 1e-8) * m
-    assert torch.allclose(core.whiten(x, m, eps_in_sqrt=True), trl)
+    # TRL's masked_whiten (trl/core.py): (x - mean) * rsqrt(masked_var + 1e-8), masked_var with
+    # unbiased=True: the mean square times the Bessel correction mask_sum / (mask_sum - 1): var 1
+    trl = (x - 2.0) * torch.rsqrt(torch.tensor((2 / 3) * 3 / 2) + 1e-8) * m
+    assert torch.allclose(core.whiten(x, m, ddof=1, eps_in_sqrt=True), trl)
+    # lm-human-preferences' tf.nn.moments: the population variance (ddof 0), 2/3
+    lhp = (x - 2.0) * torch.rsqrt(torch.tensor(2 / 3) + 1e-8) * m
+    assert torch.allclose(core.whiten(x, m, eps_in_sqrt=True), lhp)
 
 
 def test_value_loss_and_explained_variance():

@@ -1,7 +1,8 @@
 """EMPG (``algorithms/empg.py``): the score-norm identity of a softmax, hand-computed modulated
 advantages on a three-episode batch, an independent loop implementation, edge cases (a group of
 one, all-equal entropies, length-1 episodes, empty batch, bad input), the tabular credit hook and
-the LM turn entropies against a direct token-level computation."""
+the LM turn entropies against a direct token-level computation; the final centring (eq. 7)
+against a restatement of the project page's pseudocode on token rows."""
 
 import math
 
@@ -61,16 +62,22 @@ def test_hand_computed_batch():
                                eps_h=0.0, final_norm="none")
     for g, w in zip(got, want):
         assert np.allclose(g, w, atol=1e-12), (g, w)
-    # g has batch mean 1; the final normalisation standardises over the 6 turns (ddof 1)
+    # g has batch mean 1; the final step (eq. 7) centres over the 6 turns, no std
     g = np.concatenate(empg.modulation(empg.normalise_entropies(TOY_H, 0.0), 1.0))
     assert g.mean() == pytest.approx(1.0)
     flat = np.concatenate([np.array(w) for w in want])
-    fin = np.concatenate(empg.empg_advantages(eps, TOY_H, norm_adv=False, eps_h=0.0, eps=0.0))
-    assert np.allclose(fin, (flat - flat.mean()) / flat.std(ddof=1), atol=1e-12)
-    assert fin.mean() == pytest.approx(0, abs=1e-12) and fin.std(ddof=1) == pytest.approx(1.0)
+    fin = np.concatenate(empg.empg_advantages(eps, TOY_H, norm_adv=False, eps_h=0.0))
+    assert np.allclose(fin, flat - flat.mean(), atol=1e-12)
+    assert fin.mean() == pytest.approx(0, abs=1e-12) and fin.std() == pytest.approx(flat.std())
+    # the named variant 'batch' (ours) also divides by the batch std (ddof 1)
+    std = np.concatenate(empg.empg_advantages(eps, TOY_H, norm_adv=False, eps_h=0.0, eps=0.0,
+                                              final_norm="batch"))
+    assert np.allclose(std, (flat - flat.mean()) / flat.std(ddof=1), atol=1e-12)
+    assert std.mean() == pytest.approx(0, abs=1e-12) and std.std(ddof=1) == pytest.approx(1.0)
 
 
-def loop_empg(episodes, entropies, k, kp, zeta, norm_adv=True, ddof=1, eps=1e-4, eps_h=1e-8):
+def loop_empg(episodes, entropies, k, kp, zeta, norm_adv=True, ddof=1, eps=1e-4, eps_h=1e-8,
+              final="center"):
     """Independent implementation: plain loops, GRPO from scratch."""
     rets = [sum(ep.rewards) for ep in episodes]
     a = []
@@ -92,6 +99,8 @@ def loop_empg(episodes, entropies, k, kp, zeta, norm_adv=True, ddof=1, eps=1e-4,
             f = zeta * math.exp(-kp * hs[t + 1]) if t + 1 < len(hs) else 0.0
             mod.append(math.exp(-k * h) / mean_raw * a[i] + f)
     mu = sum(mod) / len(mod)
+    if final == "center":
+        return [x - mu for x in mod]
     sd = math.sqrt(sum((x - mu) ** 2 for x in mod) / (len(mod) - ddof))
     return [(x - mu) / (sd + eps) for x in mod]
 
@@ -109,6 +118,58 @@ def test_matches_independent_loop_on_random_batches():
         k, kp, zeta = rng.uniform(0, 3), rng.uniform(0, 3), rng.uniform(0, 0.5)
         got = np.concatenate(empg.empg_advantages(eps, ents, k=k, k_prime=kp, zeta=zeta))
         assert np.allclose(got, loop_empg(eps, ents, k, kp, zeta), atol=1e-10)
+        std = np.concatenate(empg.empg_advantages(eps, ents, k=k, k_prime=kp, zeta=zeta,
+                                                  final_norm="batch"))
+        assert np.allclose(std, loop_empg(eps, ents, k, kp, zeta, final="batch"), atol=1e-10)
+
+
+def pseudocode_empg(token_adv, segments, step_h, k=1.0, k_f=1.0, zeta=0.1):
+    """The project page's ``compute_empg_advantage`` on token rows, restated: ``token_adv`` (B, L)
+    the trainer's advantages, ``segments`` [(row, start, end)] in order (a row's steps
+    consecutive), ``step_h`` one entropy per segment. g_H and f_H (eqs. 12, 10, 11, eps 1e-8 in
+    both denominators), each segment's tokens scaled by its g_H (the pseudocode's
+    ``advantages *= g_H[i]``, read per segment) plus zeta f_H of the next segment of the same
+    row; then eq. 7: the mean of one value per step (its first token) subtracted from every
+    token. Returns the (B, L) tensor."""
+    h = np.asarray(step_h, dtype=np.float64)
+    h_norm = (h - h.min()) / (h.max() - h.min() + 1e-8)
+    g_raw = np.exp(-k * h_norm)
+    g_h, f_h = g_raw / (g_raw.mean() + 1e-8), np.exp(-k_f * h_norm)
+    adv = token_adv.copy()
+    step_vals = []
+    for i, (row, start, end) in enumerate(segments):
+        adv[row, start:end] *= g_h[i]
+        if i + 1 < len(segments) and segments[i + 1][0] == row:
+            adv[row, start:end] += zeta * f_h[i + 1]
+        step_vals.append(adv[row, start])
+    return adv - np.mean(step_vals)
+
+
+def test_centring_matches_the_pseudocode_on_token_rows():
+    rng = np.random.default_rng(7)
+    eps = []
+    for gid in range(2):
+        for _ in range(3):
+            T = int(rng.integers(1, 5))
+            eps.append(Episode.of(["s"] * T, [0.0] * (T - 1) + [float(rng.integers(0, 2))],
+                                  group_id=gid))
+    ents = [rng.uniform(0, 1.4, size=len(ep)) for ep in eps]
+    base = credit.grpo_broadcast(eps)  # the trainer's advantage, one value per episode
+    L = 3 * max(len(ep) for ep in eps) + 2
+    token_adv = np.zeros((len(eps), L))
+    segments = []
+    for row, ep in enumerate(eps):  # each step 3 tokens, one separator token between steps
+        for t in range(len(ep)):
+            segments.append((row, 1 + 3 * t, 1 + 3 * t + 3))
+        token_adv[row, :] = base[row][0]
+    ref = pseudocode_empg(token_adv, segments, np.concatenate(ents))
+    got = empg.empg_advantages(eps, ents, eps_h=1e-8)
+    for row, ep in enumerate(eps):
+        want = [ref[row, 1 + 3 * t] for t in range(len(ep))]
+        # every token of a step carries the step's value; g's 1e-8 is the only difference
+        assert np.allclose(got[row], want, rtol=1e-7, atol=1e-7), (row, got[row], want)
+        for t in range(len(ep)):
+            assert np.allclose(ref[row, 1 + 3 * t: 4 + 3 * t], want[t], atol=1e-12)
 
 
 def test_reduces_to_grpo_and_edge_cases():

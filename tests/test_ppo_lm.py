@@ -2,6 +2,8 @@
 reward placement, the value model's shapes and parameter sharing, the losses by hand, one update
 moving both networks, config errors, and the loop's rows against grpo.train's."""
 
+import math
+
 import pytest
 import torch
 
@@ -84,6 +86,28 @@ def test_losses_by_hand():
     assert m_off["value_loss"] == pytest.approx(0.5 * (0.25 + 1.0) / 2)
 
 
+def test_whiten_advantages_is_trls_masked_whiten():
+    # by hand: real tokens 1, 2, 3 (mean 2, squares 1 + 0 + 1 over N - 1 = 2: var 1, TRL's
+    # masked_var with unbiased=True), so A = (x - 2) * rsqrt(1 + 1e-8); padding gives 0
+    x = torch.tensor([[1.0, 2.0, 7.0], [3.0, -4.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    want = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]) / math.sqrt(1 + 1e-8)
+    assert torch.allclose(ppo_lm.whiten_advantages(x, mask), want, atol=1e-7)
+    # TRL's formula on a random ragged batch: masked_mean, then the Bessel-corrected masked_var
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([1, 7, 3, 4, 2])
+    mask = (torch.arange(7)[None] < lengths[:, None]).to(torch.float64)
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = ((x - mean) ** 2 * mask).sum() / n * (n / (n - 1))
+    trl = (x - mean) * torch.rsqrt(var + 1e-8)
+    got = ppo_lm.whiten_advantages(x, mask)
+    assert torch.allclose(got, trl * mask, atol=1e-12)
+    # ddof 1: the real tokens' squares sum to N - 1 (up to eps), not N
+    assert (got ** 2).sum().item() == pytest.approx(n.item() - 1, rel=1e-6)
+
+
 # --- the value model ---------------------------------------------------------------------------
 def test_value_model_shapes_and_parameters(tiny_lm):
     model, tok = tiny_lm
@@ -127,7 +151,7 @@ def _batch(model, tok, critic, n=4, seed=0):
     return {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
             "completion_ids": g.completion_ids, "completion_mask": g.completion_mask,
             "logps": g.logps, "values": values,
-            "advantages": core.whiten(adv, g.completion_mask, eps_in_sqrt=True),
+            "advantages": ppo_lm.whiten_advantages(adv, g.completion_mask),
             "returns": ret}
 
 

@@ -19,23 +19,27 @@ the mean token entropy over the step's action tokens), EMPG replaces the traject
     g(H~_t)  = exp(-k H~_t) / mean_batch exp(-k H~)                          (mean 1 over the batch)
     f(H~_t+1) = zeta * exp(-k' H~_{t+1})     (0 at an episode's last step)   (future clarity)
     A^mod_t  = g(H~_t) A_i + f(H~_{t+1})
-    A_t      = (A^mod_t - mean_batch A^mod) / (std_batch A^mod + eps)        (final normalisation)
+    A_t      = A^mod_t - mean_batch A^mod                                    (final centring, eq. 7)
 
 g > 1 on confident steps (their signal is amplified: a confident correct step is reinforced more,
 a confident error in a failed episode penalised more) and g < 1 on uncertain ones (attenuated);
 self-calibrated so that the batch's average scale is unchanged. The clarity bonus rewards a step
 whose *next* state the policy is sure about, whatever the outcome.
 
-Taken from the paper and its project page's pseudocode (empgseed-seed.github.io,
-``compute_empg_advantage``): the step entropy as the mean token entropy of the step, the batch
-min-max normalisation with eps_h = 1e-8, g = exp(-k H~) divided by its batch mean, the bonus
-form exp(-k' H~), and the defaults k = k' = 1, zeta = 0.1. Inferred (the part of the pseudocode we
-could read stops before it, and we did not find the reference repository): that the bonus of step
-t uses H~_{t+1} of the same episode and is 0 at the last step, the final batch standardisation
-(mean and std over all turns, ddof and eps as ``credit.py``), and the base advantage = GRPO's
-group-normalised undiscounted return (``credit.episode_advantages``). The pseudocode adds 1e-8
-to g's denominator; we do not (a relative 1e-8). ``bonus='linear'`` (f = -zeta H~_{t+1}, the plain
-"-H_{t+1}" form) is an alternative of ours.
+Taken from the paper's pseudocode (its project page, empgseed-seed.github.io,
+``compute_empg_advantage``; the part after the ``f_H`` tensors read in verbatim copies of it in
+two third-party verl ``core_algos.py``; the authors released no repository): the step entropy as
+the mean token entropy of the step, the batch min-max normalisation with eps_h = 1e-8 (eq. 12),
+g = exp(-k H~) divided by its batch mean (eq. 10), the bonus zeta exp(-k' H~_{t+1}) of the same
+episode's next step, 0 at its last step (eq. 11), and the final step "Final Advantage
+Normalization (Eq. 7)": ``advantages -= mean(step_advantages)``, a centring over the batch's steps
+with no division by a std (``final_norm='center'``); the defaults k = k' = 1, zeta = 0.1.
+Inferred: the base advantage = GRPO's group-normalised undiscounted return
+(``credit.episode_advantages``; the pseudocode modulates the trainer's precomputed advantage). The
+pseudocode adds 1e-8 to g's denominator; we do not (a relative 1e-8). Named variants of ours:
+``final_norm='batch'`` (also divide by the batch std, ddof and eps as ``credit.py``: this
+library's form before issue 27, which puts every update at unit scale) and ``'none'``;
+``bonus='linear'`` (f = -zeta H~_{t+1}, the plain "-H_{t+1}" form).
 
 Arena use: ``empg_advantages(episodes, entropies)`` with ``entropies`` a list of (T_i,) arrays,
 e.g. ``split_turns(policy.episode_entropies(episodes), episodes)`` for a ``KeyTablePolicy``.
@@ -50,7 +54,7 @@ import numpy as np
 from agentrl_lib.algorithms import credit
 
 VARIANTS_BONUS = ("exp", "linear", "none")
-VARIANTS_FINAL = ("batch", "none")
+VARIANTS_FINAL = ("center", "batch", "none")  # the pseudocode's eq. 7 first
 
 
 def expected_score_norm_sq(logits) -> np.ndarray:
@@ -124,11 +128,12 @@ def clarity_bonus(h_norm, zeta: float = 0.1, k_prime: float = 1.0,
 
 def empg_advantages(episodes, entropies, k: float = 1.0, k_prime: float = 1.0, zeta: float = 0.1,
                     gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
-                    eps_h: float = 1e-8, bonus: str = "exp", final_norm: str = "batch",
+                    eps_h: float = 1e-8, bonus: str = "exp", final_norm: str = "center",
                     base_advantages=None) -> list[np.ndarray]:
     """EMPG's per-turn advantages (module docstring):
-    A^mod_t = g(H~_t) A_i + f(H~_{t+1}), then (final_norm='batch') standardised over the batch's
-    turns: (A^mod - mean) / (std(ddof) + eps).
+    A^mod_t = g(H~_t) A_i + f(H~_{t+1}), then the final step over the batch's turns:
+    'center' (the pseudocode's eq. 7): A^mod - mean; 'batch' (ours): (A^mod - mean) / (std(ddof)
+    + eps); 'none': A^mod.
 
     episodes: the batch (groups are ``ep.group_id``). entropies: one (T_i,) array per episode, the
     policy's entropy at each turn (non-negative). A_i is GRPO's advantage of the episode's return
@@ -167,9 +172,12 @@ def empg_advantages(episodes, entropies, k: float = 1.0, k_prime: float = 1.0, z
     if final_norm == "none":
         return mod
     flat = np.concatenate(mod)
-    if flat.size < 2 or np.all(flat == flat[0]):  # no spread to standardise: exactly 0
+    if flat.size < 2 or np.all(flat == flat[0]):  # no spread: exactly 0 (not a rounding error)
         return [np.zeros(len(m)) for m in mod]
-    mu, sd = flat.mean(), flat.std(ddof=ddof)
+    mu = flat.mean()
+    if final_norm == "center":  # eq. 7: advantages -= mean(step_advantages)
+        return [m - mu for m in mod]
+    sd = flat.std(ddof=ddof)
     return [(m - mu) / (sd + eps) for m in mod]
 
 

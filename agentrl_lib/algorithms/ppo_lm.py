@@ -2,7 +2,7 @@
 
 TRL removed its ``PPOTrainer``; this file is the method readable top to bottom: a config
 dataclass (``PPOLMConfig``), the value model (``ValueModel``, ``make_value_model``), pure
-functions of tensors (``token_rewards``, ``token_gae``, ``ppo_lm_losses``), one update
+functions of tensors (``token_rewards``, ``token_gae``, ``whiten_advantages``, ``ppo_lm_losses``), one update
 (``ppo_update``) and the training (``train``): the GRPO family's frame (``loop.run``) fed by the
 same sampling function (``grpo.completion_sampler``), with the critic's update in place of
 GRPO's, so both log the same rows and share a figure.
@@ -35,9 +35,10 @@ Conventions (each a choice where implementations differ):
   padding after it, and values/rewards zeroed on padding, so nothing after the end leaks into an
   advantage. gamma = 1, lam = 0.95 (Huang et al. 2024, TRL's PPOConfig).
 - Advantages are whitened over the real tokens of the whole batch before the epochs (Huang et al.
-  2024 whiten the batch; CleanRL whitens each minibatch): ``core.whiten`` with ddof 0 and eps in
-  the square root (TRL's ``masked_whiten`` also puts eps in the square root but uses the
-  unbiased variance, ddof 1).
+  2024 whiten the batch; CleanRL whitens each minibatch): ``whiten_advantages``, TRL's
+  ``masked_whiten`` (``trl/core.py``: ``(x - mean) * rsqrt(var + 1e-8)`` with ``masked_var(...,
+  unbiased=True)``, i.e. ddof 1 over the real tokens; lm-human-preferences' ``tf.nn.moments``
+  used ddof 0, a relative difference of about 1/(2N) for N real tokens).
 - Policy and value losses are token-level means over the real tokens of a minibatch (TRL's PPO,
   Huang et al. 2024); the value loss is clipped around the rollout's values (``core.value_loss``).
 - The KL penalty in the reward uses ``kl_estimator`` (k1 = log pi - log pi_ref per token, the RLHF
@@ -308,6 +309,18 @@ def token_gae(r_t: Tensor, v_t: Tensor, completion_mask: Tensor, gamma: float = 
     return adv, (adv + v_t) * m
 
 
+def whiten_advantages(advantages: Tensor, completion_mask: Tensor) -> Tensor:
+    """TRL's ``masked_whiten`` (``trl/core.py``), over the batch's real tokens:
+
+        A <- (A - mean) * rsqrt(var + 1e-8),  var = sum_m (A - mean)^2 / (N - 1)  (N real tokens)
+
+    ``masked_var(..., unbiased=True)``'s Bessel correction N / (N - 1), i.e. ddof 1, with eps in
+    the square root (``core.whiten(ddof=1, eps=1e-8, eps_in_sqrt=True)``). (B, T) -> (B, T), 0 on
+    padding.
+    """
+    return core.whiten(advantages, completion_mask, ddof=1, eps=1e-8, eps_in_sqrt=True)
+
+
 def ppo_lm_losses(logps: Tensor, old_logps: Tensor, advantages: Tensor, values: Tensor,
                   old_values: Tensor, returns: Tensor, mask: Tensor,
                   cfg: PPOLMConfig) -> tuple[Tensor, dict[str, float]]:
@@ -420,7 +433,7 @@ def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | N
                    "losses/value_mean": old_values[real].mean().item(),
                    "losses/return_mean": returns[real].mean().item()}
             if cfg.norm_adv:
-                adv = core.whiten(adv, mask, ddof=0, eps=1e-8, eps_in_sqrt=True)
+                adv = whiten_advantages(adv, mask)
         data = {"prompt_ids": g.prompt_ids, "prompt_mask": g.prompt_mask,
                 "completion_ids": g.completion_ids, "completion_mask": mask,
                 "logps": g.logps, "values": old_values, "advantages": adv, "returns": returns}
