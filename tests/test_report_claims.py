@@ -494,3 +494,29 @@ def test_a_decided_interval_is_evidence_whatever_the_plan():
     rows = report.summarise([result(s, seed_claims(s)) for s in (0, 1, 2)])
     got = {r["claim"]: r["verdict"] for r in rows}
     assert got == {"decided": "does not hold", "close": "no power", "flat": "no power"}, got
+
+
+def test_a_stale_table_is_marked_left_out_of_the_controls_count_and_dropped_on_republish(tmp_path):
+    """reproductions/stale.csv names tables run before their notebook's method changed: RESULTS.md
+    marks them, keeps them out of the controls count, and publishing the notebook again drops
+    the row (the file goes with its last row); a file without the columns is an error."""
+    learned = positive_control(0.3, 0.6, 256)
+    rows = report.summarise([result(s, [claim("b", "beats", "acc", 0.6, 0.5, ">", margin=0.05,
+                                              kind="paper", positive_control=learned)])
+                             for s in (0, 1, 2)])
+    assert "in 1 of the 1 notebooks" in report.scoreboard_markdown(rows)
+    (tmp_path / "stale.csv").write_text("notebook,profile,reason\n"
+                                        "05_mixed,cpu,the paper's arm replaced ours\n"
+                                        "05_mixed,gpu,the same\n")
+    stale = report.read_stale(tmp_path)
+    md = report.scoreboard_markdown(rows, stale=stale)
+    assert "| 05_mixed † | foundations |" in md
+    assert "- 05_mixed (cpu): the paper's arm replaced ours" in md
+    assert "in 0 of the 0 notebooks" in md  # its control is of the old method: not counted
+    report.drop_stale(tmp_path, {"05_mixed"}, "cpu")
+    assert report.read_stale(tmp_path) == {("05_mixed", "gpu"): "the same"}
+    report.drop_stale(tmp_path, {"05_mixed"}, "gpu")
+    assert not (tmp_path / "stale.csv").exists() and report.read_stale(tmp_path) == {}
+    (tmp_path / "stale.csv").write_text("nb,why\nx,y\n")
+    with pytest.raises(ValueError, match="columns must be notebook, profile, reason"):
+        report.read_stale(tmp_path)

@@ -610,9 +610,52 @@ def _wall_minutes(rows: list[dict]) -> float | None:
     return None
 
 
-def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> list[dict]:
+STALE_CSV = "stale.csv"
+"""``reproductions/stale.csv``: the committed tables (notebook, profile) run before a change to the
+notebook's method (e.g. the paper's version made the main arm), with the reason. Their verdicts are
+of the old method: RESULTS.md marks them and leaves them out of the controls count. ``publish``
+drops a row when it writes that notebook's tables again."""
+_STALE_FIELDS = ["notebook", "profile", "reason"]
+
+
+def read_stale(repro_root: Path | str) -> dict[tuple[str, str], str]:
+    """{(notebook, profile): reason} from ``reproductions/stale.csv`` ({} without one)."""
+    import csv
+
+    path = Path(repro_root) / STALE_CSV
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(_STALE_FIELDS) - set(rows[0]):
+        raise ValueError(f"{path}: the columns must be {', '.join(_STALE_FIELDS)}")
+    return {(r["notebook"], r["profile"]): r["reason"] for r in rows}
+
+
+def drop_stale(repro_root: Path | str, notebooks, profile: str) -> None:
+    """Remove the rows of ``notebooks`` at ``profile`` from ``stale.csv`` (their tables were
+    written again); the file goes when no row is left."""
+    import csv
+
+    stale = read_stale(repro_root)
+    keep = {k: v for k, v in stale.items() if not (k[1] == profile and k[0] in set(notebooks))}
+    if keep == stale:
+        return
+    path = Path(repro_root) / STALE_CSV
+    if not keep:
+        path.unlink()
+        return
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(_STALE_FIELDS)
+        w.writerows([nb, prof, why] for (nb, prof), why in sorted(keep.items()))
+
+
+def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None,
+               stale: dict[tuple[str, str], str] | None = None) -> list[dict]:
     """One row per (notebook, profile): how its own paper's claims came out (kind ``paper``
-    without ``paper_id``; ``paper_count``'s rule), the seeds, and its fidelity counts.
+    without ``paper_id``; ``paper_count``'s rule), the seeds, its fidelity counts, and ``stale``:
+    the reason its table predates a change to its method (``read_stale``), else "".
 
     >>> sb = scoreboard([{"notebook": "31_x", "family": "f", "profile": "cpu", "seeds": [0, 1],
     ...                   "kind": "paper", "verdict": "holds"},
@@ -621,7 +664,7 @@ def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> lis
     >>> [sb[0][k] for k in ("paper claims", "reproduced", "no power", "seeds")]
     [2, 1, 1, '0,1']
     """
-    fidelity = fidelity or {}
+    fidelity, stale = fidelity or {}, stale or {}
     groups: dict[tuple, list] = defaultdict(list)
     for r in rows:
         groups[(r["notebook"], r["profile"])].append(r)
@@ -643,20 +686,29 @@ def scoreboard(rows: list[dict], fidelity: dict[str, dict] | None = None) -> lis
                     "fidelity: code / text / unverifiable / differs": (
                         "—" if f is None else f"{f['checked_against_code']} / "
                         f"{f['checked_against_text_only']} / {f['unverifiable']} / "
-                        f"{f['differs']}")})
+                        f"{f['differs']}"),
+                    "stale": stale.get((nb, profile), "")})
     return out
 
 
-def scoreboard_markdown(rows: list[dict], fidelity: dict[str, dict] | None = None) -> str:
-    """The scoreboard as a markdown table, one line a notebook and profile."""
-    board = scoreboard(rows, fidelity)
+def scoreboard_markdown(rows: list[dict], fidelity: dict[str, dict] | None = None,
+                        stale: dict[tuple[str, str], str] | None = None) -> str:
+    """The scoreboard as a markdown table, one line a notebook and profile; a stale table's
+    notebook is marked † and listed with its reason under the table."""
+    board = scoreboard(rows, fidelity, stale)
     if not board:
         return ""
     head = "| " + " | ".join(SCOREBOARD_HEAD) + " |\n" + "|---" * len(SCOREBOARD_HEAD) + "|\n"
+    cell = lambda b, k: f"{b[k]} †" if k == "notebook" and b["stale"] else str(b[k])  # noqa: E731
+    marked = [b for b in board if b["stale"]]
+    notes = "" if not marked else (
+        "\n† Stale: the notebook's method changed after this table was run, so its verdicts are "
+        "of the old method until it is run again (not counted in the controls line above):\n" +
+        "\n".join(f"- {b['notebook']} ({b['profile']}): {b['stale']}" for b in marked) + "\n")
     return ("## Scoreboard\n\nEach notebook's own paper's claims (kind `paper`), by verdict; "
             "the details follow.\n\n" + scoreboard_summary(board) + "\n\n" + head +
-            "\n".join("| " + " | ".join(str(b[k]) for k in SCOREBOARD_HEAD) + " |"
-                      for b in board) + "\n")
+            "\n".join("| " + " | ".join(cell(b, k) for k in SCOREBOARD_HEAD) + " |"
+                      for b in board) + "\n" + notes)
 
 
 def scoreboard_summary(board: list[dict], jobs: int = 2) -> str:
@@ -673,7 +725,8 @@ def scoreboard_summary(board: list[dict], jobs: int = 2) -> str:
     >>> scoreboard_summary(board)
     'Positive controls learned at every seed in 1 of the 2 notebooks that carry one. One run of these notebooks at their seeds, 2 at a time, takes about 1.0 h by the committed wall times (no time recorded for 1); 75% of it in notebooks whose control has not learned at every seed.'
     """
-    with_pc = [b for b in board if b["positive controls learned (seeds)"] != "—"]
+    with_pc = [b for b in board if b["positive controls learned (seeds)"] != "—"
+               and not b.get("stale")]
     good = [b for b in with_pc if all(k == n for k, n in (x.split("/") for x in
                                      b["positive controls learned (seeds)"].split(", ")))]
 
@@ -1112,6 +1165,7 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
     rows = summarise(results)
     curve_rows = summarise_curves(results)
     written = []
+    drop_stale(repro_root, {r["notebook"] for r in rows}, profile)
     for nb in sorted({r["notebook"] for r in rows}):
         out = repro_root / nb
         out.mkdir(parents=True, exist_ok=True)
@@ -1173,7 +1227,7 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
                f"claim's verdict comes from the seeds never looked at; 'no power' that its "
                f"positive control did not learn, its panel and seeds could not detect its "
                f"margin, or (a failed claim without a power plan) the seeds' 95% interval of "
-               f"the difference reaches past its bar.\n\n{scoreboard_markdown(rows, _fidelity_of(repro_root))}\n"
+               f"the difference reaches past its bar.\n\n{scoreboard_markdown(rows, _fidelity_of(repro_root), read_stale(repro_root))}\n"
                f"{markdown(rows, curve_rows)}{end}")
     if start in old:
         old = old[:old.index(start)] + section + old[old.index(end) + len(end):]
