@@ -149,17 +149,116 @@ def test_grid_p_gold_expert_path_probability():
     assert len(igpo.igpo_advantages(eps, [pg])[0]) == 2
 
 
-def test_infopo_and_egrpo_by_hand():
-    # InfoPO: equal outcomes -> gate 1, A^out 0, A = A^info (normalised jointly, summed to go)
+def _infopo_token_level(R, info_tokens, mask, index, beta, T, eps=1e-6, norm=True):
+    """An independent token-level re-implementation of InfoPO's released
+    ``compute_info_grpo_advantage`` (kfq20/InfoPO @ c26e93c, single-turn outcome branch), written
+    step by step in torch on (B, L) tensors with a response mask, as the released function takes
+    them: GRPO on the summed outcome (a group of one: mean 0, std 1), the intrinsic values
+    normalised per group over their non-zero masked entries, the batch magnitude ratio over the
+    masked entries, the sigmoid gate of the group std, and the fusion."""
+    B = len(R)
+    scores = torch.tensor(R, dtype=torch.float64)
+    groups = {}
+    for b in range(B):
+        groups.setdefault(index[b], []).append(b)
+    mean_o, std_o = {}, {}
+    for g, mem in groups.items():
+        v = scores[mem]
+        mean_o[g], std_o[g] = (torch.tensor(0.0), torch.tensor(1.0)) if len(mem) == 1 else \
+            (v.mean(), v.std())
+    adv_o = torch.stack([((scores[b] - mean_o[index[b]]) / (std_o[index[b]] + eps)) if norm
+                         else scores[b] - mean_o[index[b]] for b in range(B)])
+    adv_o = adv_o[:, None] * mask  # (B, L)
+    vals = {}
+    for b in range(B):
+        row = info_tokens[b][mask[b].bool()]
+        vals.setdefault(index[b], []).extend(row[row != 0].tolist())
+    adv_i = torch.zeros_like(info_tokens)
+    for b in range(B):
+        v = vals.get(index[b], [])
+        if not v:
+            continue
+        m, s = (v[0], 1.0) if len(v) == 1 else (torch.tensor(v).mean().item(),
+                                                 torch.tensor(v).std().item())
+        nz = (info_tokens[b] != 0) & mask[b].bool()
+        adv_i[b][nz] = (info_tokens[b][nz] - m) / (s + eps) if norm else info_tokens[b][nz] - m
+    msk = mask.bool()
+    o_std = adv_o[msk].std().item() + eps
+    i_std = adv_i[msk].std().item() + eps
+    ratio = min(1.0, max(o_std, 1.0) / i_std)
+    gate = torch.tensor([torch.sigmoid(torch.tensor(-std_o[index[b]].item() / T)).item()
+                         for b in range(B)], dtype=torch.float64)[:, None]
+    return adv_o + beta * gate * adv_i * ratio
+
+
+def test_infopo_by_hand():
+    # equal outcomes: A^out 0, gate sigmoid(0) = 1/2; non-zero values (0.3, 0.1): mean 0.2, std
+    # 0.1414 -> z = +-0.7071; zeros stay 0; batch stds: A^out 0 -> target 1, A^info 0.5774 -> rho 1
     eps = [ep(2, 0.0), ep(2, 0.0)]
     info = [np.array([0.3, 0.0]), np.array([0.1, 0.0])]
-    a = igpo.infopo_advantages(eps, info, gamma=1.0, norm_adv=False)
-    # flat (0.3, 0, 0.1, 0), mean 0.1: centred (0.2, -0.1 | 0, -0.1) -> to go (0.1, -0.1 | -0.1, -0.1)
-    assert np.allclose(a[0], [0.1, -0.1]) and np.allclose(a[1], [-0.1, -0.1])
-    # outcomes 1 and 0 (std 0.707 > 0.5): gate 0, pure GRPO
+    a = igpo.infopo_advantages(eps, info, beta=0.5, gate_temperature=0.5)
+    z = 0.1 / (np.sqrt(0.02) + 1e-6)
+    assert np.allclose(a[0], [0.25 * z, 0.0]) and np.allclose(a[1], [-0.25 * z, 0.0])
+    # no return-to-go: a later zero does not inherit an earlier value (the old form summed to go)
+    assert a[0][1] == 0.0
+    # outcomes 1, 0 (std 0.7071): A^out = +-0.7071; gate sigmoid(-0.7071 / T); rho 1
     eps2 = [ep(2, 1.0), ep(2, 0.0)]
-    assert np.allclose(np.concatenate(igpo.infopo_advantages(eps2, info)),
-                       np.concatenate(grpo_broadcast(eps2)))
+    for T in (0.5, 0.05):
+        a2 = igpo.infopo_advantages(eps2, info, beta=0.1, gate_temperature=T)
+        g = 1 / (1 + np.exp(np.sqrt(0.5) / T))
+        o = 0.5 / (np.sqrt(0.5) + 1e-6)
+        assert np.allclose(a2[0], [o + 0.1 * g * z, o]) and np.allclose(a2[1], [-o - 0.1 * g * z, -o])
+    # a single non-zero value in its group: mean = it, std 1 -> 0; a group of none: 0 everywhere
+    eps3 = [ep(2, 0.0, 0), ep(1, 0.0, 0), ep(2, 1.0, 1), ep(1, 1.0, 1)]
+    a3 = igpo.infopo_advantages(eps3, [[0.4, 0.0], [0.0], [0.0, 0.0], [0.0]])
+    assert all(np.all(x == 0) for x in a3)
+    # the magnitude ratio: A^info is scaled down to std max(std A^out, 1) = 1 when it is wider
+    # (ddof 1 over the batch's 4 turns, zeros included); norm_adv=False centres without dividing
+    eps4 = [ep(2, 0.0), ep(2, 0.0)]
+    a4 = igpo.infopo_advantages(eps4, [[5.0, 1.0], [3.0, 0.0]], beta=1.0, gate_temperature=1.0,
+                                norm_adv=False)
+    # non-zero (5, 1, 3): mean 3 -> (2, -2 | 0, 0); std over (2, -2, 0, 0) = 1.633 > 1: rho 0.6124
+    rho = 1.0 / (np.std([2.0, -2.0, 0.0, 0.0], ddof=1) + 1e-6)
+    assert np.allclose(a4[0], [0.5 * rho * 2, -0.5 * rho * 2]) and np.allclose(a4[1], [0.0, 0.0])
+    # decay: beta_t = beta exp(-decay epoch)
+    a5 = igpo.infopo_advantages(eps, info, beta=0.5, decay=0.1, epoch=3)
+    assert np.allclose(a5[0], np.exp(-0.3) * a[0])
+    with pytest.raises(ValueError, match="info"):
+        igpo.infopo_advantages(eps, [[0.1]])
+
+
+def test_infopo_equals_the_released_token_level_computation():
+    rng = np.random.default_rng(0)
+    moved = 0
+    for trial in range(30):
+        eps, info = [], []
+        for g in range(3):
+            for _ in range(int(rng.integers(1, 5))):
+                T = int(rng.integers(1, 5))
+                eps.append(ep(T, float(rng.integers(2)), g))
+                x = rng.normal(size=T) * (rng.random(T) < 0.6)  # some exact zeros
+                x[-1] = 0.0  # the last turn has no next action
+                info.append(x)
+        beta, T = float(rng.choice([0.1, 0.5])), float(rng.choice([0.05, 0.5]))
+        norm = bool(trial % 5)
+        ours = igpo.infopo_advantages(eps, info, beta=beta, gate_temperature=T, norm_adv=norm)
+        L = max(len(e) for e in eps) + 2  # right padding the mask removes
+        mask = torch.zeros(len(eps), L, dtype=torch.float64)
+        tok = torch.zeros(len(eps), L, dtype=torch.float64)
+        for b, x in enumerate(info):
+            mask[b, :len(x)] = 1
+            tok[b, :len(x)] = torch.as_tensor(x)
+            tok[b, len(x):] = 7.0  # garbage under the mask must not count
+        ref = _infopo_token_level([e.ret for e in eps], tok, mask, [e.group_id for e in eps],
+                                  beta, T, norm=norm)
+        for b, a in enumerate(ours):
+            assert np.allclose(a, ref[b, :len(a)].numpy(), atol=1e-10), (trial, b)
+        outcome_only = igpo.infopo_advantages(eps, info, beta=0.0, norm_adv=norm)
+        moved += not np.allclose(np.concatenate(ours), np.concatenate(outcome_only), atol=1e-6)
+    assert moved >= 20  # the information term took part in the comparison (not vacuous)
+
+
+def test_egrpo_and_feedback_divergence_by_hand():
     # the masked-feedback divergence: KL(p(.|k1) || p(.|k~1)), 0 on the last turn
     keys = [((0, 1, 2, 3), 0), ((0, 1), 1)]
     e = Episode.of(keys, [0.0, 0.0], next_state_key=((0,), 2))
@@ -195,9 +294,12 @@ def test_lm_p_gold_equals_a_full_forward(tiny_lm):
     text_episodes_to_tokens(tok, eps, env.system_prompt)
     answers = env.actions[env.num_questions:]
     gold = [env.items.index(e.task) for e in eps]
-    ours = igpo.lm_p_gold(model, tok, eps, answers, gold, env.system_prompt)
+    ours = igpo.lm_p_gold(model, tok, eps, answers, gold, env.system_prompt, mode="raw")
     ours_norm = igpo.lm_p_gold(model, tok, eps, answers, gold, env.system_prompt, mode="answers")
-    for e, g, p, pn in zip(eps, gold, ours, ours_norm):
+    ours_mean = igpo.lm_p_gold(model, tok, eps, answers, gold, env.system_prompt)  # "mean"
+    with pytest.raises(ValueError, match="mode"):
+        igpo.lm_p_gold(model, tok, eps, answers, gold, env.system_prompt, mode="sum")
+    for e, g, p, pn, pm in zip(eps, gold, ours, ours_norm, ours_mean):
         assert len(p) == len(e) + 1
         ctxs = [list(e.prompt_ids) + list(e.token_ids[:s]) for s, _ in e.turn_spans]
         ctxs.append(list(e.prompt_ids) + list(e.token_ids)
@@ -212,3 +314,14 @@ def test_lm_p_gold_equals_a_full_forward(tiny_lm):
                 lps.append(sum(lp[len(c) - 1 + j, cont[j]].item() for j in range(len(cont))))
             assert np.isclose(p[t], np.exp(lps[g]), rtol=1e-3)
             assert np.isclose(pn[t], np.exp(lps[g]) / np.exp(lps).sum(), rtol=1e-3)
+            # the released form: force the pseudo-response (answer text + end of turn), take the
+            # log-probs of its tokens, exp of their mean over the answer span (end of turn out)
+            resp = token_ids(tok, answers[g]) + [tok.eos_token_id]
+            with torch.no_grad():
+                full = torch.log_softmax(model(input_ids=torch.tensor([c + resp])).logits.float(),
+                                         -1)[0]
+            old_log_probs = torch.stack([full[len(c) - 1 + j, resp[j]] for j in range(len(resp))])
+            gt_idx = (0, len(resp) - 1)  # the answer's span: before the end-of-turn token
+            assert np.isclose(pm[t], torch.exp(old_log_probs[gt_idx[0]:gt_idx[1]].mean()).item(),
+                              rtol=1e-4)
+            assert pm[t] >= p[t]  # a geometric mean of probabilities <= 1 is >= their product

@@ -28,7 +28,12 @@ group of one); ``last_turn="sum"`` adds the last turn's information gain to R (a
   Bayesian answer 1[gold in b] / |b| of a calibrated answerer (an oracle head).
 - ``grid_p_gold(episodes, probs_fn, env)``: the GridAgentEnv adapter for the credit arena (below).
 - ``lm_p_gold(model, tokenizer, episodes, answers, gold)``: an LM's teacher-forced probability of
-  the gold answer text after each history (``rollout.action_logps``).
+  the gold answer text after each history. ``mode="mean"`` (the released code's, issue 27): the
+  geometric mean of the answer tokens' probabilities, exp(mean_j log pi(g_j | h, g_<j)), the end of
+  turn left out (``generation.py`` forces the pseudo-response "... <answer>\n{gt}\n</answer>" and
+  takes ``exp(old_log_probs[gt span].mean())``); ``"raw"`` (ours before issue 27): the product
+  over the answer text and the end-of-turn token; ``"answers"``: "raw" renormalised over the
+  candidate answers.
 
 **The GridAgentEnv adapter (for the arena).** A gridworld has no answer to state, so the "gold
 answer" is the expert plan: p(gold | h_t) = the probability that the behaviour policy, from the
@@ -54,12 +59,23 @@ the share of groups whose every turn advantage is 0 (outcome-only GRPO: every me
 equal; such a group gives no gradient).
 
 **InfoPO** ("InfoPO: Information-Driven Policy Optimization for User-Centric Agents", code
-github.com/kfq20/InfoPO; forms inferred from its abstract): a turn's information reward is how
-much its feedback changes the agent's next action distribution, KL(pi(.|h_{t+1}) || pi(.|h_{t+1}
-with the feedback masked)) (``tq_feedback_divergence``: the masked history keeps the belief of
-before the answer), fused with the outcome advantage by a variance gate
-A_t = A^out + lam * g * A^info_t, g = max(0, 1 - std_group(R) / gate_scale) (``infopo_advantages``):
-the information term counts most where the outcomes of the group do not separate.
+github.com/kfq20/InfoPO @ c26e93c): a turn's information reward is how much its feedback changes
+the agent's next action distribution, KL(pi(.|h_{t+1}) || pi(.|h_{t+1} with the feedback masked))
+(``tq_feedback_divergence``, exact over the actions; the masked history keeps the belief of before
+the answer), credited to the turn whose feedback it measures. ``infopo_advantages`` is the
+released ``core_algos.compute_info_grpo_advantage`` with one token per turn (a table's action):
+
+    A^out_i   = (R_i - mean_g R) / (std_g R + eps)            (GRPO; a group of one: mean 0, std 1)
+    A^info_it = (x_it - m_g) / (s_g + eps) where x_it != 0, else 0
+                (m_g, s_g: mean and std over the group's NON-ZERO values; one value: s_g = 1)
+    rho       = min(1, max(std(A^out), 1) / std(A^info))    (over every turn of the batch, + eps)
+    A_it      = A^out_i + beta * sigmoid(-std_g R / T) * rho * A^info_it,
+
+stds of ddof 1 (torch's), eps 1e-6, no sum to go. The gate is at most 1/2 (a group whose outcomes
+are all equal) and falls with the group's outcome spread; beta = intrinsic_weight * exp(-decay *
+epoch). Defaults beta = 0.5, T = 0.5: the released training config
+(``examples/sglang_multiturn/config/grpo_multiturn.yaml``, the README's script); the function's
+and ``ppo_trainer.yaml``'s fallbacks are beta = 0.1, T = 0.05.
 
 **E-GRPO** ("Repurposing Synthetic Data for Fine-grained Search Agent Supervision", Tongyi Lab
 2025; form inferred from its abstract): GRPO on a reward that gives a failed episode partial
@@ -243,20 +259,52 @@ def grid_p_gold(episodes, probs_fn, env) -> list[np.ndarray]:
     return out
 
 
+LM_P_MODES = ("mean", "raw", "answers")
+
+
+def _answer_token_logps(model, tokenizer, contexts, answer_texts,
+                        batch_size: int = 64) -> list[np.ndarray]:
+    """log pi(g_j | context, g_<j) of every token of each answer text teacher-forced after its
+    context (no end-of-turn token), one (len(g),) array per context: right-padded forward passes
+    through ``rollout.example_logps`` (the answer tokens are the loss mask)."""
+    import torch
+
+    from agentrl_lib.rollout import example_logps, token_ids
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(contexts), batch_size):
+            examples = []
+            for ctx, text in zip(contexts[i:i + batch_size], answer_texts[i:i + batch_size]):
+                g = token_ids(tokenizer, text)
+                examples.append((list(ctx) + g, [0] * len(ctx) + [1] * len(g)))
+            logps, mask = example_logps(model, examples, pad)  # (B, L-1) each
+            for row, m in zip(logps.double().cpu().numpy(), mask.cpu().numpy()):
+                out.append(row[m > 0])
+    return out
+
+
 def lm_p_gold(model, tokenizer, episodes, answers: list[str], gold, system_prompt=None,
-              mode: str = "raw", batch_size: int = 64) -> list[np.ndarray]:
-    """An LM's p(gold | h_t), t = 0..T, by teacher-forcing the answer texts after each history:
+              mode: str = "mean", batch_size: int = 64) -> list[np.ndarray]:
+    """An LM's p(gold | h_t), t = 0..T, by teacher-forcing the gold answer text after each history:
     the context of turn t is the first prompt and the conversation up to turn t's action; h_T adds
-    the final observation. mode="raw": exp(log p(gold text + end of turn)) (IGPO's probability of
-    generating the ground truth); "answers": that probability renormalised over ``answers``.
+    the final observation.
+
+    mode="mean" (the released code's): exp(mean_j log pi(g_j | h_t, g_<j)) over the tokens of the
+    gold answer text, the end-of-turn token left out: the geometric mean per-token probability
+    (``scrl/llm_agent/generation.py``: ``exp(old_log_probs[gt_idx[0]:gt_idx[1]].mean())``, the span
+    of the ground truth inside a forced "<answer>" pseudo-response). "raw" (ours before issue 27):
+    exp(log p(gold text + end of turn)), the product over all its tokens; "answers": that
+    probability renormalised over ``answers``.
 
     answers: the candidate answer texts (e.g. TwentyQuestions' guesses); gold: per episode the
     index of its gold answer in ``answers``. Needs token-level episodes. (T_i + 1,) per episode.
     """
     from agentrl_lib.rollout import action_logps, observation_text, token_ids
 
-    if mode not in ("raw", "answers"):
-        raise ValueError(f"mode must be 'raw' or 'answers', got {mode!r}")
+    if mode not in LM_P_MODES:
+        raise ValueError(f"mode must be one of {LM_P_MODES}, got {mode!r}")
     contexts, owner = [], []
     for i, ep in enumerate(episodes):
         if ep.turn_spans is None:
@@ -272,10 +320,16 @@ def lm_p_gold(model, tokenizer, episodes, answers: list[str], gold, system_promp
     model.eval()
     import torch
 
+    out = [[] for _ in episodes]
+    if mode == "mean":
+        texts = [answers[int(gold[i])] for i in owner]
+        for lps, i in zip(_answer_token_logps(model, tokenizer, contexts, texts, batch_size), owner):
+            out[i].append(float(np.exp(lps.mean())))
+        model.train(was_training)
+        return [np.array(v) for v in out]
     with torch.no_grad():
         lp = action_logps(model, tokenizer, contexts, answers, batch_size).numpy()  # (N, A)
     model.train(was_training)
-    out = [[] for _ in episodes]
     for row, i in zip(lp, owner):
         g = int(gold[i])
         if mode == "raw":
@@ -305,29 +359,58 @@ def tq_feedback_divergence(episodes, probs_fn, tiny: float = 1e-12) -> list[np.n
     return out
 
 
-def infopo_advantages(episodes, info, gamma: float = 0.95, lam: float = 1.0,
-                      gate_scale: float = 0.5, norm_adv: bool = True, ddof: int = 1,
-                      eps: float = 1e-4) -> list[np.ndarray]:
-    """A_t = A^out + lam * g * A^info_t (form inferred): A^out the outcome R normalised in its
-    group and broadcast (GRPO); A^info the information rewards ``info`` normalised jointly over the
-    group's turns and summed to go with ``gamma``; the variance gate g = max(0, 1 - std(R)/gate_scale)
-    of the group (std with ``ddof``; 1 when the outcomes are all equal, 0 at gate_scale, the largest
-    std of a 0/1 outcome for 0.5)."""
+def _std1(x: np.ndarray) -> float:
+    """torch's ``Tensor.std()`` (ddof 1); nan for fewer than two values, as torch gives."""
+    return float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+
+
+def infopo_advantages(episodes, info, beta: float = 0.5, gate_temperature: float = 0.5,
+                      decay: float = 0.0, epoch: int = 0, norm_adv: bool = True,
+                      eps: float = 1e-6) -> list[np.ndarray]:
+    """InfoPO's turn advantages, (T_i,) per episode: the released
+    ``core_algos.compute_info_grpo_advantage`` (kfq20/InfoPO @ c26e93c, registered "info_grpo")
+    with one token per turn,
+
+        A_it = A^out_i + beta_t * g_i * rho * A^info_it,   beta_t = beta * exp(-decay * epoch),
+
+    A^out the outcome R normalised in its group (ddof 1, eps; a group of one: mean 0, std 1) on
+    every turn; A^info the information rewards ``info`` normalised per group over its NON-ZERO
+    values (mean, ddof-1 std; a single non-zero value: std 1), zeros left at 0, no sum to go;
+    g_i = sigmoid(-std(R of i's group) / gate_temperature) (std 1 for a group of one); rho =
+    min(1, max(std(A^out) + eps, 1) / (std(A^info) + eps)), the stds over every turn of the
+    batch (zeros included): the information term scaled down when it is wider than the outcome
+    term. ``norm_adv=False`` centres without dividing (``norm_adv_by_std_in_grpo``). With fewer
+    than two turns in the batch torch's std is nan and the released min(...) returns 1: so here.
+
+    >>> from agentrl_lib.rollout import Episode
+    >>> eps = [Episode.of("ab", [0.0, 0.0], 0), Episode.of("ab", [0.0, 0.0], 0)]
+    >>> [a.round(4).tolist() for a in infopo_advantages(eps, [[0.3, 0.0], [0.1, 0.0]])]
+    [[0.1768, 0.0], [-0.1768, 0.0]]
+    """
     info = _check_per_turn(episodes, info, 0, "info")
-    out = [np.zeros(len(ep)) for ep in episodes]
+    a_out = [np.zeros(len(ep)) for ep in episodes]
+    a_info = [np.zeros(len(ep)) for ep in episodes]
+    gate = np.zeros(len(episodes))
     for idx in groups_of(episodes).values():
-        R = np.array([episodes[i].ret for i in idx])
-        a_out = group_normalise(R, norm_adv, ddof, eps)
-        std = R.std(ddof=ddof) if len(R) > ddof else 0.0
-        g = max(0.0, 1.0 - std / gate_scale)
-        flat = np.concatenate([info[i] for i in idx])
-        z = group_normalise(flat, norm_adv, ddof, eps)
-        start = 0
-        for i, a in zip(idx, a_out):
-            T = len(info[i])
-            out[i] = a + lam * g * returns_to_go(z[start:start + T], gamma)
-            start += T
-    return out
+        R = np.array([episodes[i].ret for i in idx], dtype=np.float64)
+        mean, std = (0.0, 1.0) if len(R) == 1 else (R.mean(), _std1(R))
+        for i in idx:
+            a_out[i][:] = (episodes[i].ret - mean) / (std + eps) if norm_adv else \
+                episodes[i].ret - mean
+            gate[i] = 1.0 / (1.0 + np.exp(std / gate_temperature))  # sigmoid(-std / T)
+        nz = np.concatenate([info[i][info[i] != 0] for i in idx])
+        if len(nz) == 0:
+            continue  # no information in the group: A^info stays 0
+        m, s = (nz[0], 1.0) if len(nz) == 1 else (nz.mean(), _std1(nz))
+        for i in idx:
+            x, keep = info[i], info[i] != 0
+            a_info[i][keep] = (x[keep] - m) / (s + eps) if norm_adv else x[keep] - m
+    flat_out, flat_info = np.concatenate(a_out), np.concatenate(a_info)
+    ratio = min(1.0, max(_std1(flat_out) + eps, 1.0) / (_std1(flat_info) + eps))
+    if np.isnan(ratio):  # fewer than two turns: torch's nan std, and min(1.0, nan) is 1.0
+        ratio = 1.0
+    beta_t = beta * np.exp(-decay * epoch)
+    return [o + beta_t * g * ratio * x for o, g, x in zip(a_out, gate, a_info)]
 
 
 def egrpo_rewards(episodes, found, alpha: float = 0.5) -> np.ndarray:
