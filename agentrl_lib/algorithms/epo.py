@@ -15,7 +15,7 @@ drift and oscillate late in training. EPO adds three pieces to the policy loss L
 
 **The released form (the default, ``penalty='released'``, ``history='turn'``,
 ``phase='released'``).** In the code (``verl/workers/actor/dp_actor.py``, ``update_policy``
-l.659-835 and ``generate_entropy_penalty`` l.300-381) each micro-batch m of turn rows gets
+l.659-864 and ``generate_entropy_penalty`` l.300-381) each micro-batch m of turn rows gets
 
     L_m = L_PG,m - c * ( mean_{t in m} H_t - beta * w(k) * g_m * rho * share_out_m )
     share_out_m = mean_{t in m} 1{H_t not in (kappa_lo H_bar[tau_t], kappa_hi H_bar[tau_t])}
