@@ -75,21 +75,132 @@ def test_team_advantages_units():
     # agent rewards: searcher (2, 0), answerer (1, 0)
     np.testing.assert_array_equal(dr_mas.agent_rewards(eps, ("searcher", "answerer")),
                                   [[2, 1], [0, 0]])
-    by_ep = dr_mas.team_advantages(eps, ("searcher", "answerer"), "global", unit="episode")
+    by_ep = dr_mas.team_advantages(eps, ("searcher", "answerer"), "global", unit="episode",
+                                   reward="agent")
     std = np.sqrt((1.25**2 + 0.75**2 + 0.25**2 + 0.75**2) / 3)
     np.testing.assert_allclose(by_ep[0], np.array([1.25, 1.25, 1.25, 0.25]) / (std + EPS))
     np.testing.assert_allclose(by_ep[1], np.array([-0.75, -0.75]) / (std + EPS))
     # unit='turn': samples are searcher 2,2,2,0 and answerer 1,0 (six samples)
-    by_turn = dr_mas.team_advantages(eps, ("searcher", "answerer"), "global", unit="turn")
+    by_turn = dr_mas.team_advantages(eps, ("searcher", "answerer"), "global", unit="turn",
+                                     reward="agent")
     x = np.array([2, 2, 2, 1, 0, 0.0])
     ref = (x - x.mean()) / (x.std(ddof=1) + EPS)
     np.testing.assert_allclose(np.concatenate(by_turn), ref)
     # agent-wise: per agent, the unit changes only the weights
-    agent = dr_mas.team_advantages(eps, ("searcher", "answerer"), "agent", unit="turn")
+    agent = dr_mas.team_advantages(eps, ("searcher", "answerer"), "agent", unit="turn",
+                                   reward="agent")
     s = np.array([2, 2, 2, 0.0])
     np.testing.assert_allclose(agent[0][:3], (2 - s.mean()) / (s.std(ddof=1) + EPS))
     np.testing.assert_allclose([agent[0][3], agent[1][1]], [0.5 / (np.sqrt(.5) + EPS),
                                                              -0.5 / (np.sqrt(.5) + EPS)])
+
+
+ROLES = ("searcher", "answerer")
+E6 = 1e-6  # the released epsilon
+
+
+def _released_batch():
+    """Group 0: trajectory A (searcher x3, the second invalid; answerer; team reward 1) and B
+    (searcher, answerer; 0). Group 1: trajectory C alone (searcher x2, answerer; 1)."""
+    a = _team_episode([0, 0, 0], 1.0, group_id=0)
+    a.valid = [True, False, True, True]
+    b = _team_episode([0], 0.0, group_id=0)
+    c = _team_episode([0, 0], 1.0, group_id=1)
+    return [a, b, c]
+
+
+def test_released_global_baseline_by_hand():
+    # compute_grpo_outcome_advantage, group_by_agent_id=False: rows scored R_i - 0.01 x invalid,
+    # averaged per trajectory, one average per trajectory pooled per uid, given to every row
+    eps = _released_batch()
+    np.testing.assert_allclose(np.concatenate(dr_mas.row_scores(eps)),
+                               [1, 0.99, 1, 1, 0, 0, 1, 1, 1])
+    got = dr_mas.team_advantages(eps, ROLES, "global")
+    avg_a = (1 + 0.99 + 1 + 1) / 4  # 0.9975
+    std = avg_a / np.sqrt(2)  # two values (avg_a, 0), ddof 1
+    adv_a = (avg_a - avg_a / 2) / (std + E6)
+    np.testing.assert_allclose(got[0], [adv_a] * 4, rtol=1e-12)
+    np.testing.assert_allclose(got[1], [-adv_a] * 2, rtol=1e-12)
+    np.testing.assert_allclose(got[2], [1 / (1 + E6)] * 3, rtol=1e-12)  # one trajectory: raw
+    # mean-only (norm_adv_by_std_in_grpo=False) and no penalty
+    got = dr_mas.team_advantages(eps, ROLES, "global", norm_adv=False, invalid_penalty_coef=0.0)
+    np.testing.assert_allclose(np.concatenate(got), [.5] * 4 + [-.5] * 2 + [1.0] * 3)
+
+
+def test_released_dr_mas_by_hand():
+    # group_by_agent_id=True: pool (uid, agent id), every row one sample with its own score
+    got = dr_mas.team_advantages(_released_batch(), ROLES, "agent")
+    s = np.array([1, 0.99, 1, 0])  # group 0, the searcher's rows (A x3, B x1)
+    m, sd = 2.99 / 4, np.sqrt(((s - 2.99 / 4) ** 2).sum() / 3)
+    np.testing.assert_allclose(got[0][:3], (s[:3] - m) / (sd + E6), rtol=1e-12)
+    np.testing.assert_allclose(got[1][0], (0 - m) / (sd + E6), rtol=1e-12)
+    b = 0.5 / (np.sqrt(0.5) + E6)  # group 0, the answerer's rows (1, 0)
+    np.testing.assert_allclose([got[0][3], got[1][1]], [b, -b], rtol=1e-12)
+    np.testing.assert_allclose(got[2][:2], [0, 0], atol=1e-9)  # (1, 1): all equal
+    np.testing.assert_allclose(got[2][2], 1 / (1 + E6), rtol=1e-12)  # a pool of one: raw
+
+
+def _verbatim_released(scores, index, traj_index, group_by_agent_id, eps=1e-6):
+    """compute_grpo_outcome_advantage's body, transcribed line by line (torch, float64)."""
+    from collections import defaultdict
+    scores = torch.tensor(scores, dtype=torch.float64)
+    id2score, id2mean, id2std = defaultdict(list), {}, {}
+    traj_accumulator, traj2avg = defaultdict(list), {}
+    bsz = scores.shape[0]
+    for i in range(bsz):
+        traj_accumulator[(index[i], traj_index[i])].append(scores[i])
+    for (idx, t_idx), reward_list in traj_accumulator.items():
+        if group_by_agent_id:
+            id2score[idx].extend(reward_list)
+        else:
+            avg_score = torch.stack(reward_list).mean()
+            traj2avg[(idx, t_idx)] = avg_score
+            id2score[idx].append(avg_score)
+    if not group_by_agent_id:
+        for i in range(bsz):
+            scores[i] = traj2avg[(index[i], traj_index[i])]
+    for idx in id2score:
+        if len(id2score[idx]) == 1:
+            # float64 (the released tensors are float32 throughout)
+            id2mean[idx] = torch.tensor(0.0, dtype=torch.float64)
+            id2std[idx] = torch.tensor(1.0, dtype=torch.float64)
+        else:
+            id2mean[idx] = torch.mean(torch.stack(id2score[idx]))
+            id2std[idx] = torch.std(torch.stack(id2score[idx]))
+    for i in range(bsz):
+        scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + eps)
+    return scores.numpy()
+
+
+def test_released_advantage_equals_verbatim_transcription():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        eps = []
+        for g in range(int(rng.integers(1, 4))):
+            for _ in range(int(rng.integers(1, 6))):
+                ep = _team_episode([0.0] * int(rng.integers(1, 5)), float(rng.integers(0, 2)), g)
+                ep.valid = (rng.random(len(ep)) > 0.2).tolist()
+                eps.append(ep)
+        scores = np.concatenate(dr_mas.row_scores(eps))
+        uid = [ep.group_id for ep in eps for _ in range(len(ep))]
+        agent = [key[0] for ep in eps for key in ep.state_keys]
+        traj = [i for i, ep in enumerate(eps) for _ in range(len(ep))]
+        for norm, index in (("global", uid), ("agent", [f"{u}_{a}" for u, a in zip(uid, agent)])):
+            ref = _verbatim_released(scores, index, traj, norm == "agent")
+            got = np.concatenate(dr_mas.team_advantages(eps, ROLES, norm))
+            np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_released_answerer_pool_is_the_global_pool():
+    # one answerer row per trajectory, no invalid rows: the answerer's Dr. MAS pool holds the same
+    # values as the global pool, so its advantages coincide; the searcher's (weighted by its turn
+    # counts) do not
+    eps = [_team_episode([0] * 3, 1.0), _team_episode([0], 0.0), _team_episode([0] * 2, 1.0),
+           _team_episode([0] * 5, 0.0)]
+    glob = dr_mas.team_advantages(eps, ROLES, "global")
+    agent = dr_mas.team_advantages(eps, ROLES, "agent")
+    np.testing.assert_allclose([a[-1] for a in agent], [a[-1] for a in glob], rtol=1e-12)
+    assert max(abs(a[0] - b[0]) for a, b in zip(agent, glob)) > 0.1
 
 
 def test_global_second_moment_identity():
@@ -113,6 +224,12 @@ def test_avg_pass_at_k_and_errors():
         dr_mas.normalise_rewards([1.0, 2.0], [0], [0, 0])
     with pytest.raises(ValueError, match="unit"):
         dr_mas.team_advantages([], ("searcher",), unit="step")
+    with pytest.raises(ValueError, match="released form"):
+        dr_mas.team_advantages([], ("searcher",), unit="episode")  # reward='team' by default
+    with pytest.raises(ValueError, match="reward"):
+        dr_mas.team_advantages([], ("searcher",), reward="own")
+    with pytest.raises(ValueError, match="reward"):
+        dr_mas.DrMASConfig(reward="own")
 
 
 def test_env_expert_and_rewards():
@@ -153,7 +270,8 @@ def test_train_moves_both_policies_and_logs_per_agent_norms():
     env = make()
     pols = {"searcher": KeyTablePolicy(len(SEARCHER_ACTIONS), seed=0),
             "answerer": KeyTablePolicy(len(env.answerer_actions), seed=1)}
-    cfg = dr_mas.DrMASConfig(num_iters=3, num_prompts=2, group_size=4, normalisation="global")
+    cfg = dr_mas.DrMASConfig(num_iters=3, num_prompts=2, group_size=4, normalisation="global",
+                             reward="agent")
     hist = dr_mas.train(make, pols, cfg, list(range(50)),
                         evaluate=lambda p: dr_mas.evaluate_at_k(make, p, [1, 2], k=2))
     assert [h["iter"] for h in hist] == [0, 1, 2, 3]  # the start's evaluation, then each update

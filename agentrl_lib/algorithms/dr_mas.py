@@ -1,33 +1,42 @@
 """Dr. MAS: agent-wise advantage normalisation for multi-agent group RL (Feng, Zheng, He, Zhang, An
 2026, "Dr. MAS: Stable Reinforcement Learning for Multi-Agent LLM Systems", arXiv:2602.08847).
 
-Setting: K agents (roles) act in one episode; agent k's *sample* in episode i has reward R_{i,k}
-(its own reward: evidence for a searcher, correctness for an answerer). Episodes come in groups of
-G that share a task (GRPO's groups). Two ways to turn the rewards into advantages:
+Setting: K agents (roles) act in one episode; every turn is one agent's *row* (one generation, as
+a row of the authors' verl batch). Episodes come in groups of G that share a task (GRPO's groups).
 
-- ``normalisation='global'`` (GRPO applied to the whole system): one baseline per group,
-  A_{i,k} = (R_{i,k} - mu_g) / (sigma_g + eps), with mu_g, sigma_g over *every* agent's samples in
-  the group.
-- ``normalisation='agent'`` (Dr. MAS): each agent against its own statistics,
-  A_{i,k} = (R_{i,k} - mu_{g,k}) / (sigma_{g,k} + eps), mu_{g,k}, sigma_{g,k} over agent k's samples
-  in the group.
+**The released form** (``reward='team'``, the default; langfengQ/DrMAS @19c632b,
+``agent_system/multi_turn_rollout/rollout_loop.py`` and ``agent_system/reward_manager/episode.py``
+for the reward, ``verl/trainer/ppo/core_algos.py:compute_grpo_outcome_advantage`` for the
+advantage, ported as ``released_grpo_advantage``): every row of episode i scores the episode's
+accumulated environment reward R_i, the *team* reward, minus ``invalid_penalty_coef`` if that
+row's action was invalid (``ray_trainer.apply_invalid_action_penalty``). Then
+
+- ``normalisation='global'`` (GRPO applied to the whole system, ``group_by_agent_id=False``): the
+  rows of one trajectory are averaged into one score, one score per trajectory is pooled per group,
+  and every row of trajectory i gets A_i = (mean_rows(i) - mu_g) / (sigma_g + 1e-6): all agents of
+  an episode share one advantage;
+- ``normalisation='agent'`` (Dr. MAS, ``group_by_agent_id=True``): the pool is (group, agent) and
+  every row is one sample, A_row = (score_row - mu_{g,k}) / (sigma_{g,k} + 1e-6), mu_{g,k},
+  sigma_{g,k} over agent k's rows in the group (an agent that acts more often weighs its
+  trajectories more).
+
+torch.std (ddof 1), eps 1e-6, and a pool of one gets mean 0, std 1 (its advantage is the raw score).
+
+**Our earlier form** (``reward='agent'``, a variant): agent k's *own* reward in episode i,
+R_{i,k} (the sum of its turn rewards: evidence for a searcher, correctness for an answerer), on a
+sample per turn (``unit='turn'``) or per (episode, agent) (``unit='episode'``); 'global' pools
+every agent's samples in the group, each keeping its own agent's reward,
+A_{i,k} = (R_{i,k} - mu_g) / (sigma_g + eps); 'agent' pools agent k's samples. std with ddof=1,
+eps=1e-4, zero advantages for a pool of one or of all-equal rewards (``credit.group_normalise``).
+It builds a reward-scale gap between the agents that the released setting does not have, and so
+shows the mechanism below at full size.
 
 Why it matters (the paper's argument, written here in the form we check exactly): with population
-statistics, the mean squared advantage agent k receives under the global baseline is
+statistics, the mean squared advantage agent k receives under a global baseline is
 E_k[A^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 (``global_second_moment``), against 1 under
 agent-wise normalisation. An agent whose rewards sit far from the pooled mean, or whose spread is large or
 small against the pooled spread, receives advantages, and so policy gradients, of the wrong scale:
-the gradient-norm spikes Dr. MAS removes. The expected policy gradient sum_i A_i grad log pi also
-picks up a term (mu_k - mu)/sigma x sum_i grad log pi(a_i): zero in expectation, not in a sample.
-
-Conventions (inferred where the paper is silent, stated): agent k's reward in episode i, R_{i,k},
-is the sum of its turn rewards; a normalisation *sample* is one turn of agent k carrying R_{i,k}
-(``unit='turn'``, as the authors' code, verl's ``group_by_agent_id``, pools one score per agent
-step: an agent that acts more often weighs more in the global pool) or one (episode, agent) pair
-(``unit='episode'``); every turn of agent k in episode i gets its advantage. std with ddof=1,
-eps=1e-4, zero advantages for a pool of one or of all-equal rewards (``credit.group_normalise``, the
-project's GRPO convention; the authors' code uses torch.std, also ddof=1, and eps=1e-6).
-``norm_adv=False`` centres without dividing (Dr. GRPO).
+the gradient-norm spikes Dr. MAS removes. ``norm_adv=False`` centres without dividing (Dr. GRPO).
 
 The loop ``train`` gives each agent its OWN policy and optimiser (separate parameters, as the
 paper's non-shared setting) and logs each agent's gradient norm before its step
@@ -48,6 +57,7 @@ from agentrl_lib.rollout import Episode, play_episodes
 from agentrl_lib.utils import optimizer_step
 
 NORMALISATIONS = ("agent", "global")
+REWARDS = ("team", "agent")
 
 
 def turn_roles(ep, role_of=None) -> list:
@@ -85,18 +95,87 @@ def normalise_rewards(rewards, group_ids, agent_ids, normalisation: str = "agent
     return normalise_within(rewards, pools.values(), norm_adv, ddof, eps)  # (N,)
 
 
+def released_grpo_advantage(scores, index, traj_index, group_by_agent_id: bool = False,
+                            norm_adv: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """verl's ``compute_grpo_outcome_advantage`` as released with Dr. MAS (langfengQ/DrMAS
+    @19c632b, ``verl/trainer/ppo/core_algos.py``), on one score per row: (N,) -> (N,).
+
+    ``index[n]`` is row n's pool key (the prompt uid; with ``group_by_agent_id`` the caller makes
+    it (uid, agent id), as ``ray_trainer.compute_advantage``), ``traj_index[n]`` its trajectory.
+    ``group_by_agent_id=False``: the rows of one (pool, trajectory) are averaged, that average
+    replaces each of their scores and is pooled once per trajectory; True: every row is pooled.
+    Per pool: mean and std (ddof 1, torch.std); a pool of one gets mean 0 and std 1. Then
+    (score - mean) / (std + eps), or score - mean when ``norm_adv`` is False. Float64 here (the
+    released code runs in float32)."""
+    scores = np.asarray(scores, dtype=np.float64).copy()  # (N,)
+    if scores.ndim != 1 or len(index) != len(scores) or len(traj_index) != len(scores):
+        raise ValueError("scores, index and traj_index must be (N,) each")
+    rows_of = defaultdict(list)  # (pool, trajectory) -> its rows, in order of first appearance
+    for n, key in enumerate(zip(index, traj_index)):
+        rows_of[key].append(n)
+    pool = defaultdict(list)
+    if group_by_agent_id:
+        for (idx, _), rows in rows_of.items():
+            pool[idx].extend(scores[rows].tolist())
+    else:
+        for (idx, _), rows in rows_of.items():
+            avg = scores[rows].mean()
+            scores[rows] = avg
+            pool[idx].append(avg)
+    stats = {idx: (0.0, 1.0) if len(x) == 1 else (float(np.mean(x)), float(np.std(x, ddof=1)))
+             for idx, x in pool.items()}
+    mean = np.array([stats[idx][0] for idx in index], dtype=np.float64)  # (N,)
+    std = np.array([stats[idx][1] for idx in index], dtype=np.float64)  # (N,)
+    return (scores - mean) / (std + eps) if norm_adv else scores - mean
+
+
+def row_scores(episodes, invalid_penalty_coef: float = 0.01) -> list[np.ndarray]:
+    """The released reward of every turn (row), (T_i,) per episode: the episode's accumulated
+    environment reward R_i (``rollout_loop.gather_rollout_data`` copies ``episode_rewards`` to
+    every active row; ``EpisodeRewardManager`` puts it on the row's last token) minus
+    ``invalid_penalty_coef`` where the turn's action was invalid (``apply_invalid_action_penalty``;
+    0.01 in ``examples/drmas_trainer/run_search.sh``)."""
+    return [float(sum(ep.rewards)) - invalid_penalty_coef
+            * (1.0 - np.asarray(ep.valid, dtype=np.float64)) for ep in episodes]
+
+
 def team_advantages(episodes, roles, normalisation: str = "agent", unit: str = "turn",
-                    norm_adv: bool = True, ddof: int = 1, eps: float = 1e-4,
-                    role_of=None) -> list[np.ndarray]:
-    """Per-turn advantages, (T_i,) per episode, from the agents' rewards R_{i,k}
-    (``agent_rewards``). ``unit='turn'``: every turn of agent k in episode i is one sample with
-    reward R_{i,k} (the authors' code: one score per agent step, so an agent that acts more often
-    weighs more in a global pool); ``unit='episode'``: one sample per (episode, agent), broadcast to
-    that agent's turns. A ``credit_fn`` for ``grpo.train`` and the advantage of ``train``."""
+                    norm_adv: bool = True, ddof: int = 1, eps: float | None = None,
+                    role_of=None, reward: str = "team",
+                    invalid_penalty_coef: float = 0.01) -> list[np.ndarray]:
+    """Per-turn advantages, (T_i,) per episode. A ``credit_fn`` for ``grpo.train`` and the
+    advantage of ``train``.
+
+    ``reward='team'`` (the released form): ``row_scores`` through ``released_grpo_advantage``,
+    one row per turn, pooled per group ('global', trajectories averaged) or per (group, agent)
+    ('agent'); eps default 1e-6; ``unit`` must be 'turn' and ``ddof`` 1 (the released ones).
+    ``reward='agent'`` (our earlier form, a variant): the agents' own rewards R_{i,k}
+    (``agent_rewards``); ``unit='turn'``: every turn of agent k in episode i is one sample with
+    reward R_{i,k} (an agent that acts more often weighs more in a global pool);
+    ``unit='episode'``: one sample per (episode, agent), broadcast to that agent's turns; eps
+    default 1e-4."""
     if unit not in ("turn", "episode"):
         raise ValueError(f"unit must be 'turn' or 'episode', got {unit!r}")
-    R = agent_rewards(episodes, roles, role_of)  # (B, K)
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     who = [[roles.index(w) for w in turn_roles(ep, role_of)] for ep in episodes]
+    if reward == "team":
+        if unit != "turn" or ddof != 1:
+            raise ValueError("reward='team' is the released form: one row per turn, ddof 1")
+        scores = row_scores(episodes, invalid_penalty_coef)
+        g = [ep.group_id for ep, ks in zip(episodes, who) for _ in ks]
+        k = [kk for ks in who for kk in ks]
+        index = list(zip(g, k)) if normalisation == "agent" else g
+        traj = [i for i, ks in enumerate(who) for _ in ks]
+        a = released_grpo_advantage(np.concatenate(scores) if scores else np.zeros(0), index,
+                                    traj, normalisation == "agent", norm_adv,
+                                    1e-6 if eps is None else eps)
+        cuts = np.cumsum([len(ks) for ks in who])[:-1]
+        return [np.asarray(x, dtype=np.float64) for x in np.split(a, cuts)] if who else []
+    eps = 1e-4 if eps is None else eps
+    R = agent_rewards(episodes, roles, role_of)  # (B, K)
     if unit == "turn":
         r = [R[i, k] for i, ks in enumerate(who) for k in ks]
         g = [ep.group_id for ep, ks in zip(episodes, who) for _ in ks]
@@ -181,8 +260,13 @@ class DrMASConfig:
     """Adam learning rate of every agent's policy"""
     normalisation: str = "agent"
     """'agent' (Dr. MAS) or 'global' (one GRPO baseline for the whole system)"""
+    reward: str = "team"
+    """'team' (the released form: every row scores the episode's reward) or 'agent' (ours: each
+    agent its own reward; a variant)"""
+    invalid_penalty_coef: float = 0.01
+    """subtracted from an invalid turn's score under reward='team' (run_search.sh: 0.01)"""
     unit: str = "turn"
-    """what one normalisation sample is: an agent's 'turn' (the authors' code) or its 'episode'"""
+    """reward='agent' only: one normalisation sample is an agent's 'turn' or its 'episode'"""
     norm_adv: bool = True
     """divide by the std (GRPO); False = mean-only"""
     eval_every: int = 10
@@ -194,6 +278,8 @@ class DrMASConfig:
         if self.normalisation not in NORMALISATIONS:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}, "
                              f"got {self.normalisation!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
 
 
 def agent_loss(policy, episodes, advantages) -> torch.Tensor:
@@ -208,8 +294,8 @@ def agent_loss(policy, episodes, advantages) -> torch.Tensor:
 def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, evaluate=None, logger=None,
           initial_eval: dict | None = None, on_step=None) -> list[dict]:
     """Train one policy per role for ``cfg.num_iters`` batches on ``loop.run``. Per iteration:
-    play groups with ``team_act``, advantages with ``team_advantages(cfg.normalisation)``, one
-    Adam step per agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
+    play groups with ``team_act``, advantages with ``team_advantages`` (``cfg.normalisation``,
+    ``cfg.reward``), one Adam step per agent on its own turns. Rows: ``rollout/success``, ``rollout/reward_<role>``,
     ``rollout/abs_adv_<role>``, ``rollout/mean_adv_<role>`` (the sign of a misfit baseline),
     ``losses/grad_norm_<role>`` (before the step), ``losses/loss_<role>``, ``eval/*``
     (``evaluate(policies)``)."""
@@ -228,7 +314,8 @@ def train(make_env, policies: dict, cfg: DrMASConfig, train_seeds, evaluate=None
 
     def update_fn(batch: agent_pg.EpisodeBatch, it: int) -> dict:
         episodes = batch.episodes
-        adv = team_advantages(episodes, roles, cfg.normalisation, cfg.unit, cfg.norm_adv)
+        adv = team_advantages(episodes, roles, cfg.normalisation, cfg.unit, cfg.norm_adv,
+                              reward=cfg.reward, invalid_penalty_coef=cfg.invalid_penalty_coef)
         split = split_roles(episodes, roles, offsets)
         R = agent_rewards(episodes, roles)  # (B, K)
         row = {}
