@@ -130,3 +130,35 @@ def test_lm_iterate_curves_and_lr0_keeps_the_reference():
         assert np.allclose(out["pis"][-1], out["pis"][0], atol=1e-6)  # lr 0: nothing moves
         want = exploitability(ref.exp().double().numpy()[0], game.P)
         assert out["exploitability"] == pytest.approx([want] * 3, abs=1e-5)
+
+
+def test_implicit_reward_agreement_by_hand():
+    P = np.array([[0.5, 0.8, 0.3], [0.2, 0.5, 0.9], [0.7, 0.1, 0.5]])
+    ref = np.array([0.5, 0.3, 0.2])
+    assert inpo.implicit_reward_agreement(ref, ref, P) == 0.5  # r = 0: every pair a tie
+    # r = (2, 1, 0): 0 above 1 (P[0, 1] = 0.8), 0 above 2 (P[0, 2] = 0.3), 1 above 2 (0.9)
+    pi = ref * np.exp([2.0, 1.0, 0.0])
+    pi /= pi.sum()
+    assert inpo.implicit_reward_agreement(pi, ref, P) == pytest.approx((0.8 + 0.3 + 0.9) / 3)
+    # the reversed ranking takes the complements; a tie between 0 and 1 gives that pair 1/2
+    rev = ref * np.exp([0.0, 1.0, 2.0])
+    assert inpo.implicit_reward_agreement(rev / rev.sum(), ref, P) == pytest.approx(
+        (0.2 + 0.7 + 0.1) / 3)
+    tie = ref * np.exp([1.0, 1.0, 0.0])
+    assert inpo.implicit_reward_agreement(tie / tie.sum(), ref, P) == pytest.approx(
+        (0.5 + 0.3 + 0.9) / 3)
+    # (S, K): the mean over prompts
+    both = inpo.implicit_reward_agreement(np.stack([pi, ref]), np.stack([ref, ref]), P)
+    assert both == pytest.approx(((0.8 + 0.3 + 0.9) / 3 + 0.5) / 2)
+
+
+def test_implicit_reward_agreement_rises_under_bt_dpo_on_a_transitive_judge():
+    # a Bradley-Terry judge (utilities 0 > 1 > 2): exact DPO rounds learn its order, agreement is
+    # then the mean of the upper triangle; the start (pi = pi_ref) is 1/2
+    u = np.array([1.0, 0.0, -1.0])
+    P = 1 / (1 + np.exp(-(u[:, None] - u[None, :])))
+    game, ref = PrefBandit(P), np.full(3, 1 / 3)
+    out = inpo.iterate(game, inpo.IterConfig("sigmoid", 3, 0, 1.0, 1.0, 100, 0.1), ref)
+    assert inpo.implicit_reward_agreement(out["pis"][0], ref, P) == 0.5
+    assert inpo.implicit_reward_agreement(out["pis"][-1], ref, P) == pytest.approx(
+        P[np.triu_indices(3, 1)].mean())

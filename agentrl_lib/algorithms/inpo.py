@@ -68,6 +68,24 @@ def sample_pairs(bandit: PrefBandit, pi_t, num_pairs: int, rng) -> tuple[np.ndar
     return c, r, np.full(len(c), 1.0 / max(1, len(c)))
 
 
+def implicit_reward_agreement(pi, ref_probs, P, atol: float = 1e-9) -> float:
+    """How far the judge agrees with the implicit reward r(y) = log pi(y)/pi_ref(y) (DPO's reward,
+    up to its beta > 0, which leaves the ranking unchanged): over every unordered pair {i, j} of
+    the K responses, P[i, j] when r ranks i above j, P[j, i] when below, 1/2 on a tie
+    (|r_i - r_j| <= atol), averaged over the pairs (and over the S prompts when pi and ref_probs
+    are (S, K)). 1/2 at pi = pi_ref (r = 0); a Bradley-Terry learner that has read the judge's
+    labels raises it, whether or not it becomes less exploitable (on a cycle no ranking agrees
+    on every pair). pi, ref_probs: (K,) or (S, K); P: (K, K)."""
+    pi, ref = np.atleast_2d(np.asarray(pi, np.float64)), np.atleast_2d(np.asarray(ref_probs,
+                                                                                  np.float64))
+    P = np.asarray(P, np.float64)
+    r = np.log(np.clip(pi, 1e-300, None)) - np.log(ref)  # (S, K)
+    i, j = np.triu_indices(P.shape[0], 1)
+    d = r[:, i] - r[:, j]  # (S, K(K-1)/2)
+    agree = np.where(d > atol, P[i, j], np.where(d < -atol, P[j, i], 0.5))
+    return float(agree.mean())
+
+
 def fit_round(theta_t, ref_probs, chosen, rejected, weights, loss_type: str, beta: float,
               eta: float, inner_steps: int, inner_lr: float) -> tuple[np.ndarray, dict]:
     """Minimise sum_k weights_k dpo_loss_k over softmax logits (K,) from ``theta_t`` (pi_t) by Adam.
