@@ -1,5 +1,7 @@
-"""POPE (agentrl_lib.algorithms.pope): the schedule, the tree's exact success against TokenTreeMDP,
-forced prefixes and their mask, zero reward = no update, and the LM sampler's prompt-side prefix."""
+"""POPE (agentrl_lib.algorithms.pope): the paper's minimal-prefix search (by hand, on the tree and
+the LM), the annealed variant's schedule, the tree's exact success against TokenTreeMDP, forced
+prefixes and their mask, zero reward = no update, and the LM sampler's prompt-side prefix in both
+prompt forms."""
 
 import random
 
@@ -10,6 +12,7 @@ import torch
 from agentrl_lib.algorithms import pope
 from agentrl_lib.algorithms.grpo import GRPOConfig
 from agentrl_lib.envs.text_tasks import make_problems, reference_completion
+from agentrl_lib.rollout import format_prompts
 
 
 def _problems(seed=0):
@@ -24,13 +27,63 @@ def test_schedule_by_hand():
     assert pope.split_round(8, pope.POPEConfig(easy_frac=0.25)) == (2, 6)
     with pytest.raises(ValueError):
         pope.POPEConfig(guidance="oracle")
+    with pytest.raises(ValueError):
+        pope.POPEConfig(schedule="shrink")
+    with pytest.raises(ValueError):
+        pope.POPEConfig(prompt_form="system")
+
+
+def test_minimal_prefix_by_hand():
+    # a problem of 8 steps whose start policy first succeeds with 3 oracle steps: the search tries
+    # k = 1, 2, 3 in order and stops there; under the paper's cap (a quarter: k <= 2) it finds none
+    tried = []
+
+    def solves(k):
+        tried.append(k)
+        return k >= 3
+
+    assert pope.minimal_prefix(solves, 8, 0.5) == 3 and tried == [1, 2, 3]
+    tried.clear()
+    assert pope.minimal_prefix(solves, 8, 0.25) == 0 and tried == [1, 2]
+    assert pope.minimal_prefix(lambda k: True, 8, 0.25) == 1  # shortest first
+    assert pope.minimal_prefix(lambda k: True, 3, 0.25) == 0  # floor(0.75) = 0: nothing to try
+    assert pope.minimal_prefix(lambda k: k == 4, 4, 1.0) == 0  # never the whole solution (n - 1)
+
+
+def test_tree_minimal_prefixes_by_hand():
+    # V = 3, H = 4. Problem 0: the oracle token at depth 1 is impossible (logit -60) and every later
+    # one certain (+60), so guided success is 0 at k = 1 and 1 from k = 2 on: k* = 2 when the cap
+    # allows 2 steps (0.5 x 4), none under a quarter (1 step). Problem 1: its last oracle token is
+    # impossible, so no prefix (k <= 3) ever succeeds: k* = 0 at any cap. Problem 2: its first
+    # oracle token is impossible, the rest certain: k* = 1 already.
+    P = _problems()
+    pol = pope.HabitTreePolicy(P.num_problems, 3, 4)
+    with torch.no_grad():
+        for d in range(4):
+            for p, sign in ((0, -60.0 if d == 1 else 60.0), (1, -60.0 if d == 3 else 0.0),
+                            (2, -60.0 if d == 0 else 60.0)):
+                if d >= 1 or p == 2:
+                    pol.u[d][p, :, P.oracle[p, d]] = sign
+    g = torch.Generator().manual_seed(0)
+    c = pope.POPEConfig(prefix_cap=0.5, probe_samples=32)
+    assert pope.tree_minimal_prefixes(pol, P, [0, 1, 2], c, g) == {0: 2, 1: 0, 2: 1}
+    c4 = pope.POPEConfig(prefix_cap=0.25, probe_samples=32)
+    assert pope.tree_minimal_prefixes(pol, P, [0, 1, 2], c4, g) == {0: 0, 1: 0, 2: 1}
+    c1 = pope.POPEConfig(prefix_cap=1.0, probe_samples=32)
+    assert pope.tree_minimal_prefixes(pol, P, [1], c1, g) == {1: 0}
 
 
 def test_guided_lengths_per_variant():
     rng = random.Random(0)
     ids, n = [4, 7, 9, 2], [6, 6, 6, 6]
-    c = pope.POPEConfig(guidance="pope", guided_frac=0.5, prefix_start=0.5)
+    c = pope.POPEConfig(guidance="pope", guided_frac=0.5, schedule="anneal", prefix_start=0.5)
     assert pope.guided_lengths(ids, n, 0, 10, c, set(), rng) == [3, 3, 0, 0]
+    m = pope.POPEConfig(guidance="pope", guided_frac=0.5)  # the paper's: fixed per problem
+    pre = {4: 1, 7: 0, 9: 2, 2: 1}
+    assert pope.guided_lengths(ids, n, 0, 10, m, set(), rng, pre) == [1, 0, 0, 0]
+    assert pope.guided_lengths(ids[::-1], n, 9, 10, m, set(), rng, pre) == [1, 2, 0, 0]
+    with pytest.raises(ValueError):
+        pope.guided_lengths(ids, n, 0, 10, m, set(), rng)
     assert pope.guided_lengths(ids, n, 0, 10, pope.POPEConfig(guidance="none"), set(), rng) == [0] * 4
     g = pope.POPEConfig(guidance="guide", prefix_start=0.5)
     assert pope.guided_lengths(ids, n, 0, 10, g, {7, 2}, rng) == [0, 3, 0, 3]
@@ -108,7 +161,8 @@ def test_guided_prompt_is_prompt_side(tiny_lm):
     model, tok = tiny_lm
     hard = make_problems("chain", 6, 4, "train", seed=0)
     cfg = GRPOConfig(num_prompts=4, group_size=2, max_new_tokens=4, num_iters=10)
-    pc = pope.POPEConfig(guidance="pope", guided_frac=0.5, prefix_start=0.5)
+    pc = pope.POPEConfig(guidance="pope", guided_frac=0.5, schedule="anneal", prefix_start=0.5,
+                         prompt_form="prefill")
     sample = pope.guided_sampler(tok, hard, make_problems("chain", 4, 2, "train", seed=0),
                                  [lambda completions, **kw: [0.0] * len(completions)], cfg, pc)
     b = sample(model)
@@ -122,3 +176,38 @@ def test_guided_prompt_is_prompt_side(tiny_lm):
         assert body.count("\n") == 2
     p = hard[0]
     assert pope.guided_prompt("", p, 2) == "\n".join(reference_completion(p).split("\n")[:2]) + "\n"
+
+
+def test_instruction_form_and_lm_prefix_search(tiny_lm):
+    model, tok = tiny_lm
+    hard = make_problems("chain", 4, 4, "train", seed=0)
+    # the instruction form: the oracle lines and the instruction in the user turn, before the
+    # assistant tag; k = 0 is the unguided prompt
+    p = hard[0]
+    lines = reference_completion(p).split("\n")
+    q = pope.guided_prompts(tok, [p, p], [2, 0])
+    assert q[1] == format_prompts(tok, [p])[0]
+    head, tail = q[0].rsplit("assistant", 1)
+    assert f"{p['prompt']}\n{lines[0]}\n{lines[1]}\n{pope.GUIDANCE_INSTRUCTION}" in head
+    assert lines[2] not in q[0] and "=" not in tail  # nothing of the solution after the tag
+    # the search, by hand: the reward says yes for problem 0 only, whatever the completion; with 4
+    # steps and cap 0.5 it tries k = 1 for all 4 problems, then k = 2 for the 3 still unresolved
+    calls = []
+
+    def reward(completions, answer, **kw):
+        calls.append(len(completions))
+        return [float(a == hard[0]["answer"]) for a in answer]
+
+    c = pope.POPEConfig(prefix_cap=0.5, probe_samples=3)
+    ks = pope.lm_minimal_prefixes(model, tok, hard, [reward], c, max_new_tokens=2,
+                                  generator=torch.Generator().manual_seed(0))
+    others = [i for i in range(4) if hard[i]["answer"] == hard[0]["answer"]]
+    assert ks == [1 if i in others else 0 for i in range(4)]
+    assert calls == [4 * 3, (4 - len(others)) * 3]
+    # the sampler puts each hard problem's own k in its guided rows
+    cfg = GRPOConfig(num_prompts=4, group_size=2, max_new_tokens=2, num_iters=3)
+    sample = pope.guided_sampler(tok, hard, [], [reward], cfg,
+                                 pope.POPEConfig(guided_frac=1.0), prefixes=[2, 0, 1, 0])
+    b = sample(model)
+    texts = tok.batch_decode(b.seqs.prompt_ids, skip_special_tokens=True)
+    assert sum(pope.GUIDANCE_INSTRUCTION in t for t in texts) == 4  # problems 0 and 2, G = 2

@@ -21,14 +21,24 @@ Two rungs, one configuration (``POPEConfig``) of which prompts are guided and by
   the metric. In a table the transfer from guided to unguided is exact state sharing: the node
   after the prefix is the node the unguided policy reaches when it picks those tokens itself.
 - **the LM** (``guided_sampler``): a ``grpo.Batch`` sampler for ``grpo.train`` whose guided prompts
-  carry the first k lines of ``text_tasks.reference_completion`` after the assistant tag, so they
-  sit in ``prompt_ids`` and the loss (over ``completion_ids``) never sees them.
+  carry the first k lines of ``text_tasks.reference_completion`` in the user turn, followed by an
+  instruction to continue that partial solution (``GUIDANCE_INSTRUCTION``; the paper's guided
+  prompt is the problem, the oracle prefix and a system instruction to build on it; its wording is
+  not retrievable here), so they sit in ``prompt_ids`` and the loss (over ``completion_ids``) never
+  sees them. ``prompt_form='prefill'`` (a variant: the lines after the assistant tag, no
+  instruction) is the form this module used before issue 27.
 
-Inferred (the paper does not fix these for a toy): the prefix length is a fraction of the oracle
-solution that shrinks linearly over training (``prefix_start`` -> ``prefix_end``; the catalog's
-"shrinking prefixes"; the paper conditions on a partial oracle solution with an instruction to
-continue it); a fixed share ``guided_frac`` of the hard prompts of a round is guided. Two named
-variants of the catalog are cells here: ``guidance='guide'`` (Guide, Nath et al. 2025,
+The prefix (``schedule='minimal'``, the paper's): per hard problem, before RL, the start policy is
+tried on progressively longer oracle prefixes, k = 1, 2, ... up to ``prefix_cap`` (a quarter) of
+the solution, and the shortest k at which any of ``probe_samples`` guided rollouts succeeds is kept
+for the whole run (``minimal_prefix``, ``tree_minimal_prefixes``, ``lm_minimal_prefixes``: the
+shortest prefix at which the base model samples at least one correct completion). A problem
+with no such prefix within the cap is left unguided (inferred). ``schedule='anneal'`` (a variant,
+this module's form before issue 27): a fraction of the solution that shrinks linearly over
+training (``prefix_start`` -> ``prefix_end`` over ``anneal_frac``). Inferred (the paper does not
+fix it for a toy): a fixed share ``guided_frac`` of the hard prompts of a round is guided (the
+paper mixes guided and unguided copies 1:1). Two named variants of the catalog are cells here:
+``guidance='guide'`` (Guide, Nath et al. 2025,
 "Adaptive Guidance Accelerates RL of Reasoning Models", arXiv:2506.13923: guidance only for a
 problem whose last unguided group all failed; its importance correction to the hint-free context is
 the identity in the tree, where the policy's tokens after the prefix are scored by the same table
@@ -58,6 +68,11 @@ from agentrl_lib.utils import optimizer_step
 
 Tensor = torch.Tensor
 GUIDANCE = ("none", "pope", "guide", "snapshot")
+SCHEDULES = ("minimal", "anneal")
+PROMPT_FORMS = ("instruction", "prefill")
+GUIDANCE_INSTRUCTION = "continue this partial solution and give the answer"
+"""The LM rung's instruction after the oracle lines (our wording; the paper's is not retrievable
+here: its default instruction lets the model restate or question the guidance)."""
 
 
 @dataclass
@@ -69,6 +84,17 @@ class POPEConfig:
     'snapshot' (every hard group starts at a uniformly drawn oracle depth; tree only)"""
     guided_frac: float = 0.5
     """'pope': the share of a round's hard prompts shown with a prefix (the rest unguided)"""
+    schedule: str = "minimal"
+    """'pope': 'minimal' (the paper: each problem's shortest sufficient prefix, found before RL
+    and fixed) or 'anneal' (a variant: the shrinking fraction ``prefix_start`` -> ``prefix_end``)"""
+    prefix_cap: float = 0.25
+    """'minimal': the longest prefix tried, as a fraction of the solution (the paper: a quarter)"""
+    probe_samples: int = 128
+    """'minimal': guided rollouts of the start policy per (problem, k) in the search (inferred:
+    the paper's hard problems failed 128 attempts)"""
+    prompt_form: str = "instruction"
+    """LM: 'instruction' (the oracle lines in the user turn, then ``GUIDANCE_INSTRUCTION``) or
+    'prefill' (a variant: the lines after the assistant tag)"""
     prefix_start: float = 1.0
     """prefix length as a fraction of the oracle solution at the first round (``prefix_len``
     caps it at all steps but one, so 1.0 gives each length from n - 1 down the same share of the
@@ -86,6 +112,13 @@ class POPEConfig:
         for name in ("guided_frac", "prefix_start", "prefix_end", "easy_frac"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
+        if self.prompt_form not in PROMPT_FORMS:
+            raise ValueError(f"unknown prompt_form {self.prompt_form!r}; choose one of "
+                             f"{PROMPT_FORMS}")
+        if not 0.0 <= self.prefix_cap <= 1.0 or self.probe_samples < 1:
+            raise ValueError("prefix_cap must be in [0, 1] and probe_samples >= 1")
         if not 0.0 < self.anneal_frac <= 1.0:
             raise ValueError(f"anneal_frac must be in (0, 1], got {self.anneal_frac!r}")
 
@@ -113,6 +146,21 @@ def prefix_len(frac: float, n: int) -> int:
     return min(int(np.floor(frac * n + 1e-9)), n - 1)
 
 
+def minimal_prefix(solves, n: int, cap: float) -> int:
+    """The paper's prefix for one problem of ``n`` oracle steps: the smallest k in
+    1..``prefix_len(cap, n)`` for which ``solves(k)`` (the start policy, guided by k oracle steps,
+    succeeds at least once) is true, trying k in increasing order and stopping at the first; 0
+    (left unguided) when none is.
+
+    >>> minimal_prefix(lambda k: k >= 2, 8, 0.25), minimal_prefix(lambda k: k >= 3, 8, 0.25)
+    (2, 0)
+    """
+    for k in range(1, prefix_len(cap, n) + 1):
+        if solves(k):
+            return k
+    return 0
+
+
 def split_round(num_prompts: int, cfg: POPEConfig) -> tuple[int, int]:
     """(easy prompts, hard prompts) of a round: round(easy_frac * num_prompts) easy.
 
@@ -124,19 +172,25 @@ def split_round(num_prompts: int, cfg: POPEConfig) -> tuple[int, int]:
 
 
 def guided_lengths(hard_ids: list[int], n_steps: list[int], it: int, num_iters: int,
-                   cfg: POPEConfig, unsolved: set, rng: random.Random) -> list[int]:
+                   cfg: POPEConfig, unsolved: set, rng: random.Random,
+                   prefixes: dict | None = None) -> list[int]:
     """The prefix length (in oracle steps) of each hard prompt of round ``it``; 0 is unguided.
 
-    'none': all 0. 'pope': the first round(guided_frac * n) prompts get ``prefix_len`` of the
-    schedule's fraction, the rest 0. 'guide': the schedule's length for the problems in
-    ``unsolved`` (their last unguided group had no success), else 0. 'snapshot': a length drawn
-    uniformly from 0..n_steps-1.
+    'none': all 0. 'pope': the first round(guided_frac * n) prompts get their problem's fixed
+    minimal prefix ``prefixes[id]`` (schedule 'minimal'; 0 where none was found) or
+    ``prefix_len`` of the shrinking fraction (schedule 'anneal'), the rest 0. 'guide': the
+    shrinking fraction's length for the problems in ``unsolved`` (their last unguided group had no
+    success), else 0. 'snapshot': a length drawn uniformly from 0..n_steps-1.
     """
     frac = prefix_fraction(it, num_iters, cfg)
     if cfg.guidance == "none":
         return [0] * len(hard_ids)
     if cfg.guidance == "pope":
         n_guided = int(round(cfg.guided_frac * len(hard_ids)))
+        if cfg.schedule == "minimal":
+            if prefixes is None:
+                raise ValueError("schedule 'minimal' needs each hard problem's prefix (prefixes)")
+            return [prefixes.get(p, 0) if i < n_guided else 0 for i, p in enumerate(hard_ids)]
         return [prefix_len(frac, n) if i < n_guided else 0 for i, n in enumerate(n_steps)]
     if cfg.guidance == "guide":
         return [prefix_len(frac, n) if p in unsolved else 0 for p, n in zip(hard_ids, n_steps)]
@@ -234,6 +288,20 @@ def sample_guided(policy: HabitTreePolicy, problems: HabitTreeProblems, prob_ids
     return nodes, tokens, loss_mask, old_logps, rewards
 
 
+def tree_minimal_prefixes(policy: HabitTreePolicy, problems: HabitTreeProblems, ids: list[int],
+                          cfg: POPEConfig, generator: torch.Generator | None = None) -> dict:
+    """The paper's prefix search on the tree, before RL: {problem: k} with k from
+    ``minimal_prefix`` over ``cfg.probe_samples`` guided rollouts of ``policy`` (the start) per
+    tried k (``sample_guided``); 0 where no k up to ``cfg.prefix_cap`` of H succeeded."""
+    n = cfg.probe_samples
+
+    def solves(p: int, k: int) -> bool:
+        r = sample_guided(policy, problems, torch.full((n,), p), torch.full((n,), k), generator)[4]
+        return bool(r.sum() > 0)
+
+    return {p: minimal_prefix(lambda k: solves(p, k), problems.H, cfg.prefix_cap) for p in ids}
+
+
 def tree_logps(policy: HabitTreePolicy, prob_ids: Tensor, nodes: Tensor, tokens: Tensor):
     """log pi(a_d | node_d) and the entropy of pi(. | node_d), each (B, H)."""
     lp, ent = [], []
@@ -260,10 +328,14 @@ def tree_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, loss_mask: T
 
 
 def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
-               p_habit: float = 0.85, eval_every: int = 10) -> tuple[HabitTreePolicy, list[dict]]:
+               p_habit: float = 0.85, eval_every: int = 10,
+               prefixes: dict | None = None) -> tuple[HabitTreePolicy, list[dict]]:
     """GRPO on the tree problems with ``pcfg``'s guidance: each of ``cfg.num_iters`` rounds draws
     ``split_round`` easy and hard problems (seeded by ``cfg.seed``), ``cfg.group_size`` rollouts
-    each, prefix lengths by ``guided_lengths``, group advantages (``cfg.estimator``),
+    each, prefix lengths by ``guided_lengths`` (POPE's 'minimal' schedule: ``prefixes``, or when
+    None ``tree_minimal_prefixes`` of the start policy with its own generator seeded
+    ``cfg.seed + 1``, so the rounds draw as every other arm's), group advantages
+    (``cfg.estimator``),
     ``cfg.num_epochs`` Adam steps of ``tree_loss`` at ``cfg.lr``. Rows: ``iter``, ``samples``,
     ``rollout/*`` (reward on hard prompts, guided share), ``losses/*``, and every ``eval_every``
     rounds ``eval/hard_success`` (mean exact unguided success of the hard problems),
@@ -276,6 +348,9 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
     n_easy, n_hard = split_round(cfg.num_prompts, pcfg)
     per_round = cfg.num_prompts * cfg.group_size
     unsolved: set = set()
+    if pcfg.guidance == "pope" and pcfg.schedule == "minimal" and prefixes is None:
+        prefixes = tree_minimal_prefixes(policy, problems, list(range(problems.num_hard)), pcfg,
+                                         torch.Generator().manual_seed(cfg.seed + 1))
 
     def evaluate(policy) -> dict:
         s = unguided_success(policy, problems)
@@ -288,7 +363,8 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
     def sample(policy, it: int) -> SimpleNamespace:
         hard_ids = rng.sample(range(problems.num_hard), n_hard)
         easy_ids = rng.sample(range(problems.num_hard, problems.num_problems), n_easy)
-        ks = guided_lengths(hard_ids, [problems.H] * n_hard, it, cfg.num_iters, pcfg, unsolved, rng)
+        ks = guided_lengths(hard_ids, [problems.H] * n_hard, it, cfg.num_iters, pcfg, unsolved,
+                            rng, prefixes)
         prob_ids = torch.tensor(hard_ids + easy_ids).repeat_interleave(cfg.group_size)  # (B*G,)
         k = torch.tensor(ks + [0] * n_easy).repeat_interleave(cfg.group_size)  # (B*G,)
         nodes, tokens, mask, old_logps, rewards = sample_guided(policy, problems, prob_ids, k, gen)
@@ -302,7 +378,9 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
                    "rollout/hard_unguided_reward": (r[:n_hard][guided == 0].mean().item()
                                                     if (guided == 0).any() else float("nan")),
                    "rollout/guided_frac": guided.mean().item() if n_hard else 0.0,
-                   "rollout/prefix_frac": prefix_fraction(it, cfg.num_iters, pcfg)}
+                   "rollout/prefix_frac": (prefix_fraction(it, cfg.num_iters, pcfg)
+                                           if pcfg.schedule == "anneal" or pcfg.guidance != "pope"
+                                           else float(np.mean(ks)) / problems.H if ks else 0.0)}
         return SimpleNamespace(metrics=metrics, prob_ids=prob_ids, nodes=nodes, tokens=tokens,
                                mask=mask, old_logps=old_logps, r=r)
 
@@ -321,8 +399,9 @@ def train_tree(problems: HabitTreeProblems, cfg: GRPOConfig, pcfg: POPEConfig,
 
 # --- the LM rung -----------------------------------------------------------------------------------
 def guided_prompt(prompt_text: str, problem: dict, k: int) -> str:
-    """The chat prompt followed by the first ``k`` lines of the oracle solution (each ending in a
-    newline): the model continues from there, the prefix is prompt-side.
+    """The 'prefill' form (a variant): the rendered chat prompt followed by the first ``k`` lines
+    of the oracle solution (each ending in a newline), after the assistant tag; the model continues
+    from there, the prefix is prompt-side.
 
     >>> p = {"task": "chain", "steps": ["+4", "*2"], "values": [3, 7, 14]}
     >>> guided_prompt("Q:", p, 1)
@@ -332,13 +411,72 @@ def guided_prompt(prompt_text: str, problem: dict, k: int) -> str:
     return prompt_text + "".join(line + "\n" for line in lines[:k])
 
 
+def instructed_problem(problem: dict, k: int) -> dict:
+    """The 'instruction' form (the paper's): the problem whose user turn is its prompt, the first
+    ``k`` lines of the oracle solution and ``GUIDANCE_INSTRUCTION``; ``k`` = 0 is the problem as
+    it is. The model's whole answer is its own (it may restate the given lines).
+
+    >>> p = {"prompt": "3 +4 *2 =", "task": "chain", "steps": ["+4", "*2"], "values": [3, 7, 14]}
+    >>> instructed_problem(p, 1)["prompt"]
+    '3 +4 *2 =\\n3+4=7\\ncontinue this partial solution and give the answer'
+    """
+    if k == 0:
+        return problem
+    lines = reference_completion(problem).split("\n")[:k]
+    return {**problem, "prompt": "\n".join([problem["prompt"], *lines, GUIDANCE_INSTRUCTION])}
+
+
+def guided_prompts(tokenizer, problems: list[dict], ks: list[int], form: str = "instruction"
+                   ) -> list[str]:
+    """Each problem's prompt text guided by its ``k`` oracle lines in ``form`` ('instruction' or
+    'prefill'); k = 0 gives ``format_prompts``' unguided prompt in both."""
+    if form == "prefill":
+        return [guided_prompt(h, p, k)
+                for h, p, k in zip(format_prompts(tokenizer, problems), problems, ks)]
+    return format_prompts(tokenizer, [instructed_problem(p, k) for p, k in zip(problems, ks)])
+
+
+@torch.no_grad()
+def lm_minimal_prefixes(model, tokenizer, problems: list[dict], reward_funcs: list,
+                        pcfg: POPEConfig, max_new_tokens: int, temperature: float = 1.0,
+                        generator: torch.Generator | None = None) -> list[int]:
+    """The paper's prefix search on the LM, before RL: for k = 1, 2, ... up to ``pcfg.prefix_cap``
+    of each chain's steps, ``pcfg.probe_samples`` completions of the still-unresolved problems
+    guided by k lines (``pcfg.prompt_form``); a problem's k is the first at which any completion
+    is rewarded (``minimal_prefix``, batched over problems), 0 where none was."""
+    out = [0] * len(problems)
+    todo = list(range(len(problems)))
+    n = pcfg.probe_samples
+    for k in range(1, max(prefix_len(pcfg.prefix_cap, len(p["steps"])) for p in problems) + 1):
+        todo = [i for i in todo if k <= prefix_len(pcfg.prefix_cap, len(problems[i]["steps"]))]
+        if not todo:
+            break
+        batch = [problems[i] for i in todo]
+        prompts = [q for q in guided_prompts(tokenizer, batch, [k] * len(batch), pcfg.prompt_form)
+                   for _ in range(n)]
+        model.eval()
+        gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=temperature,
+                       generator=generator)
+        r = score(reward_funcs, gen.texts, [p for p in batch for _ in range(n)]).view(-1, n)
+        solved = set()
+        for j, i in enumerate(todo):
+            if r[j].sum() > 0:
+                out[i] = k
+                solved.add(i)
+        todo = [i for i in todo if i not in solved]
+    return out
+
+
 def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dict],
-                   reward_funcs: list, cfg: GRPOConfig, pcfg: POPEConfig):
-    """``sample(model, it=0) -> grpo.Batch`` for ``grpo.train``: each round draws ``split_round`` easy and
-    hard problems (seeded by ``cfg.seed``), guides the hard ones by ``guided_lengths`` (k lines of
-    the reference solution, k counted in the chain's steps), samples ``cfg.group_size``
-    completions of each and scores them with ``reward_funcs`` on the completion (the part after the
-    prefix). ``rollout/reward`` is over every row; ``rollout/hard_reward``,
+                   reward_funcs: list, cfg: GRPOConfig, pcfg: POPEConfig,
+                   prefixes: list[int] | None = None):
+    """``sample(model, it=0) -> grpo.Batch`` for ``grpo.train``: each round draws ``split_round``
+    easy and hard problems (seeded by ``cfg.seed``), guides the hard ones by ``guided_lengths`` (k
+    lines of the reference solution, k counted in the chain's steps; POPE's 'minimal' schedule
+    reads ``prefixes[i]`` of hard problem i, from ``lm_minimal_prefixes``) in
+    ``pcfg.prompt_form``, samples ``cfg.group_size`` completions of each and scores them with
+    ``reward_funcs`` on the completion (the model's own tokens). ``rollout/reward`` is over every
+    row; ``rollout/hard_reward``,
     ``rollout/hard_unguided_reward`` and ``rollout/guided_frac`` are over the hard prompts."""
     _, tokens = sampler_generators(hard_problems, cfg, "hard problems")
     rng = random.Random(cfg.seed)
@@ -346,6 +484,7 @@ def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dic
     if n_easy > len(easy_problems):
         raise ValueError(f"{n_easy} easy prompts a round but {len(easy_problems)} easy problems")
     unsolved: set = set()
+    by_id = None if prefixes is None else dict(enumerate(prefixes))
 
     def sample(model, it: int = 0) -> Batch:
         t0 = time.time()
@@ -353,12 +492,11 @@ def guided_sampler(tokenizer, hard_problems: list[dict], easy_problems: list[dic
         easy = rng.sample(easy_problems, n_easy)
         hard = [hard_problems[i] for i in hard_ids]
         ks = guided_lengths(hard_ids, [len(p["steps"]) for p in hard], it, cfg.num_iters, pcfg,
-                            unsolved, rng)
+                            unsolved, rng, by_id)
         batch = hard + easy
         kk = ks + [0] * n_easy
         problems = [p for p in batch for _ in range(cfg.group_size)]  # (B*G) prompt-major
-        heads = format_prompts(tokenizer, batch)
-        prompts = [guided_prompt(h, p, k) for h, p, k in zip(heads, batch, kk)
+        prompts = [q for q in guided_prompts(tokenizer, batch, kk, pcfg.prompt_form)
                    for _ in range(cfg.group_size)]
         model.eval()
         gen = generate(model, tokenizer, prompts, cfg.max_new_tokens, temperature=cfg.temperature,
