@@ -34,6 +34,46 @@ def test_reward_on_last_real_token():
         ppo_lm.token_rewards(torch.ones(4), mask, beta=0.1)
 
 
+def test_kl_reward_is_trls_by_hand():
+    """TRL's PPOTrainer (huggingface/trl @ f2cd577, ``trl/experimental/ppo/ppo_trainer.py``): k1
+    ``kl = -(ref_logprobs - logprobs)``, ``rewards = -kl_coef * kl``, the score added at the end;
+    defaults ``kl_coef = 0.05``, ``kl_estimator = "k1"``. A 2 x 3 batch worked out by hand."""
+    cfg = PPOLMConfig()
+    assert (cfg.beta, cfg.kl_estimator) == (0.05, "k1")
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    logps = torch.tensor([[-0.5, -1.0, -7.0], [-2.0, -0.1, -0.3]])
+    ref = torch.tensor([[-0.7, -0.4, -9.0], [-2.0, -0.6, -0.2]])
+    r = ppo_lm.token_rewards(torch.tensor([1.0, 0.0]), mask, logps, ref, beta=0.05)
+    # row 0: kl = [0.2, -0.6] -> [-0.01, +0.03 + 1]; row 1: kl = [0, 0.5, -0.1] -> [0, -0.025, 0.005]
+    assert torch.allclose(r, torch.tensor([[-0.01, 1.03, 0.0], [0.0, -0.025, 0.005]]), atol=1e-7)
+    # k3 = exp(log r) - 1 - log r >= 0 on each token: token (0, 0) has log r = -0.2
+    r3 = ppo_lm.token_rewards(torch.zeros(2), mask, logps, ref, beta=0.05, kl_estimator="k3")
+    assert r3[0, 0].item() == pytest.approx(-0.05 * (math.exp(-0.2) - 1 + 0.2))
+    assert (r3 <= 0).all() and r3[0, 2] == 0
+
+
+def test_train_makes_a_frozen_reference_and_logs_kl(tiny_lm):
+    """beta > 0 without a ref_model: a frozen copy of the start is the reference (TRL's
+    create_reference_model); at the first update policy = reference, so the KL is ~0, and it
+    grows once the policy moves; beta = 0 logs no KL."""
+    model, tok = tiny_lm
+    problems = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+    start = [p.detach().clone() for p in model.parameters()]
+    cfg = PPOLMConfig(num_prompts=4, group_size=2, num_iters=3, max_new_tokens=4, lr=3e-2)
+    rows = ppo_lm.train(model, grpo.completion_sampler(tok, problems, [odd_length], cfg), cfg)
+    kls = [r["losses/kl"] for r in rows if "losses/kl" in r]
+    assert len(kls) == 3 and abs(kls[0]) < 1e-4 and abs(kls[-1]) > 1e-3
+    assert any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
+    ref = ppo_lm.make_reference(model)
+    assert all(not p.requires_grad for p in ref.parameters()) and not ref.training
+    with pytest.raises(ValueError, match="same object"):
+        ppo_lm.train(model, grpo.completion_sampler(tok, problems, [odd_length], cfg), cfg,
+                     ref_model=model)
+    cfg0 = PPOLMConfig(beta=0.0, num_prompts=4, num_iters=1, max_new_tokens=4)
+    rows0 = ppo_lm.train(model, grpo.completion_sampler(tok, problems, [odd_length], cfg0), cfg0)
+    assert not any("losses/kl" in r for r in rows0)
+
+
 def test_token_gae_by_hand_with_masks():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     r = ppo_lm.token_rewards(torch.tensor([1.0, 0.5]), mask)
@@ -193,9 +233,6 @@ def test_config_errors(tiny_lm):
     model, tok = tiny_lm
     probs = [{"prompt": "1+1=", "answer": "2"}]
     zero = [lambda c, **k: [0.0] * len(c)]
-    cfg = PPOLMConfig(beta=0.1, num_prompts=1, num_iters=1)
-    with pytest.raises(ValueError, match="needs ref_model"):
-        ppo_lm.train(model, grpo.completion_sampler(tok, probs, zero, cfg), cfg)
     cfg = PPOLMConfig(num_prompts=1, num_iters=1)
     with pytest.raises(ValueError, match="shares"):
         ppo_lm.train(model, grpo.completion_sampler(tok, probs, zero, cfg), cfg,

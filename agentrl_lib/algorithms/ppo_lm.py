@@ -12,7 +12,13 @@ prompt plus the first t completion tokens. With a verifiable reward the environm
 outcome score once, on the last real token of the completion (its end-of-sequence token, or the
 last generated token of a truncated completion); nothing after it exists. RLHF-PPO adds a
 per-token penalty ``-beta * (log pi - log pi_ref)`` to every real token (Ziegler et al. 2019;
-Stiennon et al. 2020; Ouyang et al. 2022); ``beta`` defaults to 0 here (verifiable rewards).
+Stiennon et al. 2020; Ouyang et al. 2022). The defaults are TRL's ``PPOTrainer``'s
+(``trl/experimental/ppo/ppo_config.py``: ``kl_coef = 0.05``, ``kl_estimator = "k1"``;
+``ppo_trainer.py``, ``PPOTrainer.train``: ``logr = ref_logprobs - logprobs``, ``kl = -logr``,
+``non_score_reward = -kl_coef * kl``, ``rewards[actual_start, actual_end] += scores``; huggingface/trl
+@ f2cd577): ``beta = 0.05`` with k1 on the rollout's (tempered) log-probs, the reference a frozen
+copy of the start (``make_reference``, TRL's ``create_reference_model`` when no ``ref_model`` is
+given). ``beta = 0`` drops the penalty and the reference model.
 
 The critic. ``critic="separate"`` (default) is a second copy of the SFT trunk with a linear head
 on its last hidden state: separate parameters, as in Stiennon et al. 2020 ("Learning to summarize
@@ -59,7 +65,8 @@ Logged row keys (one row per update; ``grpo.train``'s names where they overlap):
 ``losses/explained_variance`` (1 - Var[R-V] / Var[R] over real tokens, R the GAE returns,
 ``core.explained_variance``), ``losses/explained_variance_mc`` (the same against the Monte-Carlo
 return, the sum of the rewards still to come), ``losses/value_mean``, ``losses/return_mean``,
-``losses/kl`` (mean per-token KL to the reference, when beta > 0).
+``losses/kl`` (mean per-token KL to the reference over real tokens, ``kl_estimator``'s estimate
+on the rollout, when beta > 0; TRL logs the per-sequence sum as ``objective/kl``).
 """
 
 from __future__ import annotations
@@ -91,11 +98,12 @@ class PPOLMConfig:
     2024)"""
     lam: float = 0.95
     """GAE lambda (Huang et al. 2024; TRL PPOConfig); 1 gives A_t = R - V(s_t)"""
-    beta: float = 0.0
-    """per-token KL penalty to the reference policy added to the rewards (RLHF-PPO: 0.05 in Huang
-    et al. 2024); 0 for verifiable rewards and no reference model is needed"""
+    beta: float = 0.05
+    """per-token KL penalty to the reference policy added to the rewards (TRL PPOConfig
+    ``kl_coef = 0.05``; Huang et al. 2024); 0 drops it, and no reference model is needed"""
     kl_estimator: str = "k1"
-    """per-token KL estimator in the reward penalty ('k1' = log pi - log pi_ref, as in RLHF-PPO)"""
+    """per-token KL estimator in the reward penalty ('k1' = log pi - log pi_ref: TRL PPOConfig's
+    default, RLHF-PPO's; TRL also allows 'k3')"""
     clip_eps: float = 0.2
     """PPO clip range of the policy ratio (Schulman et al. 2017; Huang et al. 2024)"""
     clip_eps_value: float = 0.2
@@ -247,6 +255,15 @@ def rollout_values(critic: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor,
     return values * completion_mask.to(values.dtype)
 
 
+def make_reference(model):
+    """A frozen copy of ``model`` (eval mode, no gradients): the reference of the KL penalty, as
+    TRL's ``create_reference_model`` makes it when the trainer is given none."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
 # --- pure functions of tensors ---------------------------------------------------------------
 def last_token_index(completion_mask: Tensor) -> Tensor:
     """Index of the last real token of each row, (B,); -1 for an empty row.
@@ -261,9 +278,10 @@ def token_rewards(scores: Tensor, completion_mask: Tensor, logps: Tensor | None 
                   ref_logps: Tensor | None = None, beta: float = 0.0,
                   kl_estimator: str = "k1") -> Tensor:
     """Per-token rewards r_t, (B, T): the outcome score on the last real token of each completion,
-    plus ``-beta * KL_t`` on every real token when beta > 0 (RLHF-PPO). Zero on padding.
+    plus ``-beta * KL_t`` on every real token when beta > 0 (RLHF-PPO; TRL's ``non_score_reward =
+    -kl_coef * kl`` with k1's ``kl = logps - ref_logps``). Zero on padding.
 
-    scores: (B,); completion_mask, logps, ref_logps: (B, T).
+    scores: (B,); completion_mask, logps (the rollout's), ref_logps: (B, T).
 
     >>> token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([[1, 1, 0], [1, 1, 1]])).tolist()
     [[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]]
@@ -402,10 +420,14 @@ def train(model, sample, cfg: PPOLMConfig, evaluate=None, critic: ValueModel | N
     computes the critic's values, per-token rewards and GAE, and runs ``ppo_update``.
 
     critic: a ``ValueModel`` to train, built with ``make_value_model(model, cfg.critic)`` when
-    None. ``ref_model`` is needed only when cfg.beta != 0. Returns the logged rows (``loop.run``).
+    None. ``ref_model``: the KL penalty's reference when cfg.beta != 0; None makes a frozen copy
+    of ``model`` as it is now (``make_reference``, as TRL's ``PPOTrainer``); unused when beta = 0.
+    Returns the logged rows (``loop.run``).
     """
+    if ref_model is model:
+        raise ValueError("model and ref_model are the same object; pass a copy (make_reference)")
     if cfg.beta != 0.0 and ref_model is None:
-        raise ValueError("beta != 0 needs ref_model")
+        ref_model = make_reference(model)
     critic = critic if critic is not None else make_value_model(model, cfg.critic)
     if critic.shares_trunk_with(model) != (cfg.critic == "shared"):
         raise ValueError(f"cfg.critic={cfg.critic!r} but the given critic "
