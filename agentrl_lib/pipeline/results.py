@@ -217,19 +217,24 @@ def power_plan(panel, seeds: int, p: float = 0.5, alpha: float = 0.05,
             "mdd": k * math.sqrt(2) * se / math.sqrt(seeds)}
 
 
-def positive_control(start: float, final: float, panel: int, k: float = 3.0) -> dict:
-    """Did the baseline move beyond panel noise from its start? ``moved`` when final - start >
-    k * sqrt(SE_start^2 + SE_final^2), binomial SEs over ``panel`` episodes (the positive-control
-    rule of ``reproductions/bases/positive_controls.py``); for a metric where lower is better,
-    pass both negated.
+def positive_control(start: float, final: float, panel: int, k: float = 3.0,
+                     higher_is_better: bool = True) -> dict:
+    """Did the baseline move beyond panel noise from its start? ``moved`` when it improved by more
+    than k * sqrt(SE_start^2 + SE_final^2), binomial SEs over ``panel`` episodes (the
+    positive-control rule of ``reproductions/bases/positive_controls.py``). Both values are rates
+    in [0, 1]; for a rate where lower is better (an error rate), pass ``higher_is_better=False``,
+    never the negated rates (their binomial SE would read 0).
 
     >>> positive_control(0.50, 0.65, 256)["moved"], positive_control(0.50, 0.60, 256)["moved"]
     (True, False)
+    >>> positive_control(0.50, 0.35, 256, higher_is_better=False)["moved"]
+    True
     """
     se = math.hypot(math.sqrt(max(start * (1 - start), 0.0) / panel),
                     math.sqrt(max(final * (1 - final), 0.0) / panel))
+    gain = final - start if higher_is_better else start - final
     return {"start": float(start), "final": float(final), "panel": int(panel), "k": float(k),
-            "moved": bool(final - start > k * se)}
+            "moved": bool(gain > k * se)}
 
 
 UNDECIDABLE = ("its positive control", "the baseline")
