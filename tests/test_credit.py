@@ -227,3 +227,37 @@ def test_cm2_turn_level_by_hand_and_against_the_released_loop():
     assert np.allclose(np.concatenate(p), (flat - flat.mean()) / (flat.std(ddof=1) + 1e-4))
     with pytest.raises(ValueError, match="level"):
         credit.cm2_advantages(r, "step")
+
+
+def test_verl_agent_step_rows_and_invalid_penalty_by_hand():
+    """cross_steps: verl-agent's GRPO on per-step rows (compute_grpo_outcome_advantage with
+    compute_mean_std_cross_steps=True): each row's score is its episode's return minus the
+    invalid-action penalty of that row only (apply_invalid_action_penalty), normalised by the
+    mean and std (ddof 1) over every row of the group; GiGPO's step returns take the penalty
+    after the discounting."""
+    e0 = Episode.of(["s", "x"], [0.0, 1.0], valid=[False, True])  # succeeds, first turn invalid
+    e1 = Episode.of(["s", "y", "z"], [0.0, 0.0, 0.0], valid=[True, True, False])
+    e2 = Episode.of(["t"], [1.0], group_id=1)  # a group of one row: no signal
+    c, eps_ = 0.1, 1e-4
+    rows = np.array([1 - c, 1.0, 0.0, 0.0, -c])  # group 0's rows in batch order
+    z = (rows - rows.mean()) / (np.std(rows, ddof=1) + eps_)
+    adv = credit.grpo_broadcast([e0, e1, e2], invalid_penalty=c, cross_steps=True)
+    assert np.allclose(adv[0], z[:2]) and np.allclose(adv[1], z[2:]) and adv[2].tolist() == [0.0]
+    assert adv[0][0] < adv[0][1] and adv[1][2] < adv[1][0]  # only the invalid turn pays
+    # c = 0: the rows still weigh episodes by their length (3 rows of 0, 2 of 1)
+    rows0 = np.array([1.0, 1.0, 0.0, 0.0, 0.0])
+    z0 = (rows0 - 0.4) / (np.std(rows0, ddof=1) + eps_)
+    adv0 = credit.grpo_broadcast([e0, e1], cross_steps=True)
+    assert np.allclose(np.concatenate(adv0), z0)
+    assert not np.allclose(np.concatenate(adv0), np.concatenate(credit.grpo_broadcast([e0, e1])))
+    with pytest.raises(ValueError, match="cross_steps"):
+        credit.grpo_broadcast([e0, e1], invalid_penalty=c)
+    # GiGPO: episode term as above, step term on returns-to-go minus c at the invalid turns
+    gamma = 0.5
+    a_s = credit.step_advantages([e0, e1], gamma=gamma, norm_adv=False, invalid_penalty=c)
+    # anchor "s": e0's return-to-go 0.5 - c (invalid), e1's 0 -> centred +-(0.5 - c) / 2
+    assert np.allclose(a_s[0], [(0.5 - c) / 2, 0.0]) and np.allclose(a_s[1], [-(0.5 - c) / 2, 0, 0])
+    a = credit.gigpo_advantages([e0, e1], gamma=gamma, omega=2.0, norm_adv=False,
+                                invalid_penalty=c, cross_steps=True)
+    centred = rows - rows.mean()
+    assert np.allclose(a[0], centred[:2] + 2 * a_s[0]) and np.allclose(a[1], centred[2:] + 2 * a_s[1])

@@ -491,3 +491,40 @@ def test_train_makes_the_frozen_start_its_reference(tiny_lm):
         grpo.train(model, None, GRPOConfig(beta=0.1), ref_model=model)
     ref = grpo.make_reference(model)
     assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+
+
+def test_entropy_bonus_is_verls_token_mean(tiny_lm):
+    """entropy_coef: the loss is the one without it minus entropy_coef x the token mean of the
+    temperature-scaled entropy over the loss mask (verl's ``pg_loss - agg_loss(entropy,
+    response_mask, 'token-mean') * entropy_coeff``), written out here from the logits."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from agentrl_lib.envs.text_tasks import make_problems
+
+    model, tok = tiny_lm
+    probs = make_problems("arithmetic", 20, 1)
+    distinct = lambda completions, **kw: [float(len(set(c))) for c in completions]  # noqa: E731
+    base = GRPOConfig(num_prompts=2, group_size=4, num_iters=1, max_new_tokens=5,
+                      loss_agg="token_mean", temperature=0.7, eval_every=100)
+    batch = grpo.advantages(grpo.completion_sampler(tok, probs, [distinct], base)(model), base)
+    g = batch.seqs
+    with torch.no_grad():
+        ids = torch.cat([g.prompt_ids, g.completion_ids], 1)
+        logits = model(input_ids=ids, attention_mask=torch.cat([g.prompt_mask,
+                                                                g.completion_mask], 1)).logits
+        P, T = g.prompt_ids.shape[1], g.completion_ids.shape[1]
+        logp = F.log_softmax(logits[:, P - 1:P + T - 1].float() / 0.7, -1)  # (B, T, V)
+        ent = -(logp.exp() * logp).sum(-1)  # (B, T)
+        m = g.loss_mask.float()
+        token_mean = ((ent * m).sum() / m.sum()).item()
+    losses = {}
+    for coef in (0.0, 0.5):
+        cfg = replace(base, entropy_coef=coef)
+        m_ = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m_.parameters(), lr=1e-3)
+        losses[coef] = grpo.update(m_, opt, batch, cfg)
+    assert losses[0.5]["losses/entropy"] == pytest.approx(token_mean, abs=1e-5)
+    diff = losses[0.5]["losses/loss"] - losses[0.0]["losses/loss"]
+    assert diff == pytest.approx(-0.5 * token_mean, abs=1e-5) and token_mean > 0.1

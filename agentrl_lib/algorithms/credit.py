@@ -174,9 +174,45 @@ def episode_advantages(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof
     return normalise_within(rets, groups_of(episodes).values(), norm_adv, ddof, eps)
 
 
+def step_scores(episodes, gamma: float = 1.0, invalid_penalty: float = 0.0) -> list[np.ndarray]:
+    """verl-agent's per-step rows' scores, (T_i,) per episode: every turn holds its episode's
+    return R_i, minus ``invalid_penalty`` on the turns whose action was invalid (``ep.valid``).
+    verl-agent @ 2716b30b: ``EpisodeRewardManager`` writes the episode reward on each step's row,
+    ``ray_trainer.apply_invalid_action_penalty`` then subtracts ``invalid_action_penalty_coef`` x
+    (1 - is_action_valid) from that row's score (and from its GiGPO step return) only.
+
+    >>> from agentrl_lib.rollout import Episode
+    >>> ep = Episode.of(["s", "x", "y"], [0.0, 0.0, 1.0], valid=[True, False, True])
+    >>> step_scores([ep], invalid_penalty=0.1)[0].round(3).tolist()
+    [1.0, 0.9, 1.0]
+    """
+    rets = [g[0] if len(g) else 0.0 for g in episode_returns_to_go(episodes, gamma)]
+    return [r - invalid_penalty * (1.0 - np.asarray(ep.valid, dtype=np.float64))
+            for ep, r in zip(episodes, rets)]
+
+
+def _check_step_options(invalid_penalty: float, cross_steps: bool) -> None:
+    if invalid_penalty != 0.0 and not cross_steps:
+        raise ValueError("invalid_penalty is per step (verl-agent's apply_invalid_action_penalty) "
+                         "and needs cross_steps=True: with one score per episode the penalised "
+                         "turns would be normalised by a std that need not see them")
+
+
 def grpo_broadcast(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: int = 1,
-                   eps: float = 1e-4) -> list[np.ndarray]:
-    """Trajectory-level GRPO: every turn of episode i gets A^E_i."""
+                   eps: float = 1e-4, invalid_penalty: float = 0.0,
+                   cross_steps: bool = False) -> list[np.ndarray]:
+    """Trajectory-level GRPO: every turn of episode i gets A^E_i.
+
+    cross_steps=True is verl-agent's GRPO on its per-step rows (``core_algos.
+    compute_grpo_outcome_advantage``, ``compute_mean_std_cross_steps=True``, its default): each
+    turn's score (``step_scores``: R_i, minus ``invalid_penalty`` on an invalid turn) normalised
+    by the mean and std over every turn of the group's episodes (``group_normalise_turns``), so a
+    longer episode weighs more in the group's statistics. ``invalid_penalty`` needs it.
+    """
+    _check_step_options(invalid_penalty, cross_steps)
+    if cross_steps:
+        return group_normalise_turns(episodes, step_scores(episodes, gamma, invalid_penalty),
+                                     norm_adv, ddof, eps)
     adv = episode_advantages(episodes, gamma, norm_adv, ddof, eps)
     return [np.full(len(ep), a) for ep, a in zip(episodes, adv)]
 
@@ -211,18 +247,26 @@ def anchor_share(episodes, key=None, min_size: int = 2) -> float:
 
 
 def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: int = 1,
-                    eps: float = 1e-4, key=None) -> list[np.ndarray]:
-    """A^S: each turn's discounted return-to-go normalised within its anchor-state group."""
-    return normalise_within(episode_returns_to_go(episodes, gamma),
-                            anchor_groups(episodes, key).values(), norm_adv, ddof, eps)
+                    eps: float = 1e-4, key=None, invalid_penalty: float = 0.0) -> list[np.ndarray]:
+    """A^S: each turn's discounted return-to-go normalised within its anchor-state group; with
+    ``invalid_penalty`` subtracted from the return of each invalid turn first (verl-agent's
+    ``apply_invalid_action_penalty`` on ``step_rewards``, after the discounting)."""
+    rtg = [g - invalid_penalty * (1.0 - np.asarray(ep.valid, dtype=np.float64))
+           for ep, g in zip(episodes, episode_returns_to_go(episodes, gamma))]
+    return normalise_within(rtg, anchor_groups(episodes, key).values(), norm_adv, ddof, eps)
 
 
 def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, norm_adv: bool = True,
-                     ddof: int = 1, eps: float = 1e-4, key=None) -> list[np.ndarray]:
+                     ddof: int = 1, eps: float = 1e-4, key=None, invalid_penalty: float = 0.0,
+                     cross_steps: bool = False) -> list[np.ndarray]:
     """GiGPO: A_t = A^E + omega * A^S_t. The episode term uses the undiscounted return (the
-    paper's R(tau)); the step term the discounted return-to-go with ``gamma``."""
-    a_e = episode_advantages(episodes, 1.0, norm_adv, ddof, eps)
-    a_s = step_advantages(episodes, gamma, norm_adv, ddof, eps, key)
+    paper's R(tau)); the step term the discounted return-to-go with ``gamma``. cross_steps and
+    invalid_penalty: the episode term as ``grpo_broadcast``'s (verl-agent's ``episode_norm_reward``
+    has the same ``compute_mean_std_cross_steps=True`` default), the step term as
+    ``step_advantages``'."""
+    _check_step_options(invalid_penalty, cross_steps)
+    a_e = grpo_broadcast(episodes, 1.0, norm_adv, ddof, eps, invalid_penalty, cross_steps)
+    a_s = step_advantages(episodes, gamma, norm_adv, ddof, eps, key, invalid_penalty)
     return [a + omega * s for a, s in zip(a_e, a_s)]
 
 

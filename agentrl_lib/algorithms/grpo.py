@@ -190,7 +190,18 @@ class GRPOConfig:
     ascending, the first 0) episodes are cut at that many turns; replaces ``max_turns``
     (AgentGym-RL's ScalingInter-RL)"""
     entropy_coef: float = 0.0
-    """weight of a constant entropy bonus: loss -= entropy_coef * masked mean token entropy"""
+    """weight of a constant entropy bonus: loss -= entropy_coef * masked mean token entropy (the
+    entropy of the temperature-scaled distribution, with gradient; verl's ``entropy_coeff``,
+    ``dp_actor.update_policy``: ``pg_loss - agg_loss(entropy) * entropy_coeff``, the same
+    number under ``loss_agg='token_mean'``; other aggregations still take the token mean)"""
+    invalid_penalty: float = 0.0
+    """multi-turn 'grpo', 'gigpo': subtracted from the score of each turn whose action was
+    invalid (verl-agent's ``invalid_action_penalty_coef``; ``credit.step_scores``); needs
+    ``cross_steps``"""
+    cross_steps: bool = False
+    """multi-turn 'grpo', 'gigpo': normalise per-turn scores over every turn of the group's
+    episodes (verl-agent's per-step rows, ``compute_mean_std_cross_steps=True``) instead of one
+    return per episode (``credit.grpo_broadcast``)"""
     gamma: float = 0.95
     """multi-turn: discount of GiGPO's step-level returns (the paper's 0.95)"""
     omega: float = 1.0
@@ -248,6 +259,9 @@ class GRPOConfig:
                              f"num_prompts={self.num_prompts}")
         if self.horizon_schedule is not None:
             check_schedule(self.horizon_schedule)
+        if self.invalid_penalty != 0.0 and not self.cross_steps:
+            raise ValueError("invalid_penalty is per step and needs cross_steps=True "
+                             "(credit.grpo_broadcast)")
         knobs = core.ESTIMATORS.get(self.estimator, {})
         if self.group_size < 2 and (self.estimator in GROUP_ESTIMATORS
                                     or "group" in knobs.values()):
@@ -379,7 +393,8 @@ def turn_advantages(episodes, cfg: GRPOConfig, critic: dict | None = None,
     return turn_credit.turn_advantages(
         episodes, cfg.estimator, gamma=cfg.gamma, lam=cfg.lam, omega=cfg.omega,
         norm_adv=cfg.norm_adv, ddof=cfg.std_ddof, hgpo_depth=cfg.hgpo_depth,
-        segment_len=cfg.segment_len, critic=critic, entropies=entropies)
+        segment_len=cfg.segment_len, critic=critic, entropies=entropies,
+        invalid_penalty=cfg.invalid_penalty, cross_steps=cfg.cross_steps)
 
 
 def lm_credit(cfg: GRPOConfig, model=None, critic: dict | None = None):

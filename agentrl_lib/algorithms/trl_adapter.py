@@ -75,7 +75,8 @@ TRL_FIXED = {"std_ddof": 1, "kl_estimator": "k3", "dynamic_sampling": False, "ov
              "horizon_schedule": None, "max_context": None, "norm_adv": True, "lam": 0.95,
              "hgpo_depth": 2, "segment_len": None, "critic_lr": 0.5, "max_num_gen_batches": 1,
              "max_groups": None, "whiten_adv": False, "adv_clip": None, "dual_clip": None,
-             "kl_in_reward": False, "adv_eps": 1e-4}
+             "kl_in_reward": False, "adv_eps": 1e-4, "invalid_penalty": 0.0,
+             "cross_steps": False}
 # Our fields with a TRL counterpart (ours -> TRL's GRPOConfig / TrainingArguments).
 MAPPED = {"estimator": "scale_rewards", "loss_agg": "loss_type", "clip_eps": "epsilon",
           "clip_eps_high": "epsilon_high", "beta": "beta",

@@ -48,19 +48,26 @@ def critic_values(critic: dict, episodes) -> tuple[list[np.ndarray], list[float]
 def turn_advantages(episodes, estimator: str, *, gamma: float = 0.95, lam: float = 0.95,
                     omega: float = 1.0, norm_adv: bool = True, ddof: int = 1,
                     hgpo_depth: int = 2, segment_len: int | None = None,
-                    critic: dict | None = None, entropies=None) -> list[np.ndarray]:
+                    critic: dict | None = None, entropies=None, invalid_penalty: float = 0.0,
+                    cross_steps: bool = False) -> list[np.ndarray]:
     """One advantage per turn of each episode by ``estimator`` (one of ``TURN_ESTIMATORS``; the
     module docstring says what each reads). gamma: discount of the step returns (GiGPO, SALT,
     HGPO, turn GAE, HiPER); lam: GAE lambda; omega: weight of the step term (GiGPO, HGPO);
     hgpo_depth: HGPO's deepest level K; critic: dict state key -> V ('turn_gae', 'hiper');
-    entropies: per episode, the policy's entropy at each turn ('empg')."""
+    entropies: per episode, the policy's entropy at each turn ('empg'); invalid_penalty,
+    cross_steps: verl-agent's per-step scores ('grpo', 'gigpo': ``credit.grpo_broadcast``)."""
+    if (invalid_penalty != 0.0 or cross_steps) and estimator not in ("grpo", "gigpo"):
+        raise ValueError(f"invalid_penalty and cross_steps are options of 'grpo' and 'gigpo', "
+                         f"not of {estimator!r}")
     if estimator == "reinforce":
         return [np.full(len(ep), ep.ret) for ep in episodes]
     if estimator == "grpo":
-        return credit.grpo_broadcast(episodes, norm_adv=norm_adv, ddof=ddof)
+        return credit.grpo_broadcast(episodes, norm_adv=norm_adv, ddof=ddof,
+                                     invalid_penalty=invalid_penalty, cross_steps=cross_steps)
     if estimator == "gigpo":
         return credit.gigpo_advantages(episodes, gamma=gamma, omega=omega, norm_adv=norm_adv,
-                                       ddof=ddof)
+                                       ddof=ddof, invalid_penalty=invalid_penalty,
+                                       cross_steps=cross_steps)
     if estimator == "salt":
         return salt.salt_advantages(episodes, gamma=gamma, norm_adv=norm_adv, ddof=ddof)
     if estimator == "hgpo":
