@@ -476,6 +476,20 @@ def test_notebook_claims_name_known_kinds_and_papers():
         assert {p for _, p in kinds.values() if p} <= ids
 
 
+def test_no_notebook_hard_codes_post_hoc():
+    """A notebook marks a claim post hoc by recording the seeds it looked at (``looked_at``), so
+    the registry can judge the claim on the others; ``claim(..., post_hoc=True)`` would mark it
+    post hoc on every seed, and no run could ever judge it (28's rm_collapses read 'no unseen
+    seeds' at seeds 3-5 that way)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    calls = [(nb.stem, kw) for nb in sorted((root / "notebooks").glob("*.ipynb"))
+             for _, kw in report._claim_calls(nb)]
+    assert len(calls) > 300
+    assert [nb for nb, kw in calls if "post_hoc" in kw] == []
+
+
 def test_a_decided_interval_is_evidence_whatever_the_plan():
     """A claim whose plan cannot detect its margin still gets its verdict when the seeds' interval
     (never narrower than the plan's panel noise) lies wholly beyond or short of the bar; a claim

@@ -133,7 +133,8 @@ def claim(id: str, statement: str, metric: str, ours: float, baseline: float | N
     metric of a negative-control arm, judged by the same rule against the same baseline (it
     should fail: then ``control_fails`` is True). ``paper_id``: the catalog id of a second
     paper whose claim this is (kind 'paper' only). ``post_hoc=True`` marks a claim post hoc on
-    every seed; a notebook records ``looked_at`` instead, which names the seeds. ``power``: the
+    every seed, so no seed can ever judge it (for tests and scripts; a notebook records
+    ``looked_at``, which names the seeds, and the registry sets ``post_hoc`` from it). ``power``: the
     plan written before the runs (``power_plan``); ``positive_control``: the baseline against its
     start (``positive_control``); with either, the report reads the verdict as "no power" where
     ``no_power`` says why.
