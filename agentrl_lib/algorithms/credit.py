@@ -187,11 +187,20 @@ def step_scores(episodes, gamma: float = 1.0, invalid_penalty: float = 0.0) -> l
     [1.0, 0.9, 1.0]
     """
     rets = [g[0] if len(g) else 0.0 for g in episode_returns_to_go(episodes, gamma)]
-    return [r - invalid_penalty * (1.0 - np.asarray(ep.valid, dtype=np.float64))
-            for ep, r in zip(episodes, rets)]
+    return _penalise_invalid(episodes, rets, invalid_penalty)
 
 
-def _check_step_options(invalid_penalty: float, cross_steps: bool) -> None:
+def _penalise_invalid(episodes, values, invalid_penalty: float) -> list[np.ndarray]:
+    """Each episode's per-turn ``values`` (or one value broadcast over its turns) less
+    ``invalid_penalty`` on the turns whose action was invalid (verl-agent's
+    ``apply_invalid_action_penalty``)."""
+    return [v - invalid_penalty * (1.0 - np.asarray(ep.valid, dtype=np.float64))
+            for ep, v in zip(episodes, values)]
+
+
+def check_step_options(invalid_penalty: float, cross_steps: bool) -> None:
+    """Refuse a per-turn penalty without per-turn statistics (``GRPOConfig`` and the credit
+    functions both ask here)."""
     if invalid_penalty != 0.0 and not cross_steps:
         raise ValueError("invalid_penalty is per step (verl-agent's apply_invalid_action_penalty) "
                          "and needs cross_steps=True: with one score per episode the penalised "
@@ -209,7 +218,7 @@ def grpo_broadcast(episodes, gamma: float = 1.0, norm_adv: bool = True, ddof: in
     by the mean and std over every turn of the group's episodes (``group_normalise_turns``), so a
     longer episode weighs more in the group's statistics. ``invalid_penalty`` needs it.
     """
-    _check_step_options(invalid_penalty, cross_steps)
+    check_step_options(invalid_penalty, cross_steps)
     if cross_steps:
         return group_normalise_turns(episodes, step_scores(episodes, gamma, invalid_penalty),
                                      norm_adv, ddof, eps)
@@ -251,8 +260,7 @@ def step_advantages(episodes, gamma: float = 0.95, norm_adv: bool = True, ddof: 
     """A^S: each turn's discounted return-to-go normalised within its anchor-state group; with
     ``invalid_penalty`` subtracted from the return of each invalid turn first (verl-agent's
     ``apply_invalid_action_penalty`` on ``step_rewards``, after the discounting)."""
-    rtg = [g - invalid_penalty * (1.0 - np.asarray(ep.valid, dtype=np.float64))
-           for ep, g in zip(episodes, episode_returns_to_go(episodes, gamma))]
+    rtg = _penalise_invalid(episodes, episode_returns_to_go(episodes, gamma), invalid_penalty)
     return normalise_within(rtg, anchor_groups(episodes, key).values(), norm_adv, ddof, eps)
 
 
@@ -264,7 +272,7 @@ def gigpo_advantages(episodes, gamma: float = 0.95, omega: float = 1.0, norm_adv
     invalid_penalty: the episode term as ``grpo_broadcast``'s (verl-agent's ``episode_norm_reward``
     has the same ``compute_mean_std_cross_steps=True`` default), the step term as
     ``step_advantages``'."""
-    _check_step_options(invalid_penalty, cross_steps)
+    check_step_options(invalid_penalty, cross_steps)
     a_e = grpo_broadcast(episodes, 1.0, norm_adv, ddof, eps, invalid_penalty, cross_steps)
     a_s = step_advantages(episodes, gamma, norm_adv, ddof, eps, key, invalid_penalty)
     return [a + omega * s for a, s in zip(a_e, a_s)]

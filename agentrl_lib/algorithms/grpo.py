@@ -259,9 +259,7 @@ class GRPOConfig:
                              f"num_prompts={self.num_prompts}")
         if self.horizon_schedule is not None:
             check_schedule(self.horizon_schedule)
-        if self.invalid_penalty != 0.0 and not self.cross_steps:
-            raise ValueError("invalid_penalty is per step and needs cross_steps=True "
-                             "(credit.grpo_broadcast)")
+        credit.check_step_options(self.invalid_penalty, self.cross_steps)
         knobs = core.ESTIMATORS.get(self.estimator, {})
         if self.group_size < 2 and (self.estimator in GROUP_ESTIMATORS
                                     or "group" in knobs.values()):
