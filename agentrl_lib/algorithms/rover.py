@@ -23,8 +23,9 @@ the log-ratio parameterisation of Q, the ``rover_t`` (rho) = 1.0 default, the me
 vocabulary of the next position's log-softmax as the next-state value, the squared loss averaged
 over tokens, the reward centred by the group mean (the Countdown code; the Math code uses an
 asymmetric re-weighting, not used here) and broadcast to every token, no KL term, and 4
-optimiser steps per rollout batch (train batch 128 prompts, mini-batch 32). Inferred here: the
-tabular port itself (full-batch inner steps instead of mini-batches; sampling at temperature 1).
+optimiser steps per rollout batch (train batch 128 prompts, mini-batch 32), and sampling at
+temperature 1 in training (the Countdown config; the Math script samples at 0.6). Inferred here:
+the tabular port itself (full-batch inner steps instead of mini-batches).
 
 Shapes: G samples (the group), H = T tokens per response, V tokens in the vocabulary.
 """
