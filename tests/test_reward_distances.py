@@ -241,3 +241,66 @@ def test_proxies_and_bad_input():
     with pytest.raises(ValueError, match="constant"):
         D.pearson_distance(torch.ones(4), torch.arange(4.0))
     assert D.starc_distance(torch.zeros_like(R), R, 0.9, m.P)[0] == pytest.approx(0.5)  # 0 vs unit
+
+
+class ScriptedRng:
+    """Stands in for numpy's generator: ``normal`` and ``random`` return scripted values in turn."""
+
+    def __init__(self, normals, uniforms):
+        self.normals, self.uniforms = list(normals), list(uniforms)
+
+    def normal(self, size):
+        out = np.asarray(self.normals.pop(0), dtype=float)
+        assert out.shape == tuple(np.atleast_1d(size)), (out.shape, size)
+        return out
+
+    def random(self):
+        return self.uniforms.pop(0)
+
+
+def test_random_reward_by_hand():
+    # S = 2, A = 1, gamma = 1/2. R0 = [[3.5, 0.2], [-1, 4]] (s, s'); draws: 0.9 > 0.8 -> sparse
+    # (keep > 3): [[3.5, 0], [0, 4]]; 0.5 > 0.3 -> scale by 10 * 0.2 = 2: [[7, 0], [0, 8]];
+    # 0.8 > 0.7 -> shift by 10 * 0.1 = 1: [[8, 1], [1, 9]]; 0.6 > 0.5 -> shaped with
+    # phi = [1, -1] * 10 * 0.5 + 0.5 = [5.5, -4.5]: R + phi(s') / 2 - phi(s) is
+    # (0,0) 8 + 2.75 - 5.5 = 5.25, (0,1) 1 - 2.25 - 5.5 = -6.75, (1,0) 1 + 2.75 + 4.5 = 8.25,
+    # (1,1) 9 - 2.25 + 4.5 = 11.25
+    rng = ScriptedRng([[[[3.5, 0.2]], [[-1.0, 4.0]]], [1.0, -1.0]],
+                      [0.9, 0.5, 0.2, 0.8, 0.1, 0.6, 0.5, 0.5])
+    R = sh.random_reward(2, 1, 0.5, rng)
+    want = torch.tensor([[5.25, -6.75], [8.25, 11.25]], dtype=F)
+    assert torch.allclose(R[:, 0, :], want)
+    assert not rng.uniforms and not rng.normals  # every draw used, in that order
+    # coins that come up "no": R0 unchanged; flags given: no coin drawn for them
+    rng = ScriptedRng([[[[3.5, 0.2]], [[-1.0, 4.0]]]], [0.7, 0.1, 0.3, 0.2, 0.9])
+    R = sh.random_reward(2, 1, 0.5, rng)
+    assert torch.allclose(R[:, 0, :], torch.tensor([[3.5, 0.2], [-1.0, 4.0]], dtype=F))
+    assert rng.uniforms == [0.9]  # four coins (sparse, scale, shift, shaped), nothing else
+    R = sh.random_reward(2, 1, 0.5, ScriptedRng([[[[3.5, 0.2]], [[-1.0, 4.0]]]], [0.1, 0.1]),
+                         sparse=True, shaped=False)
+    assert torch.allclose(R[:, 0, :], torch.tensor([[3.5, 0.0], [0.0, 4.0]], dtype=F))
+    assert [sh.sparse_reward_threshold(n) for n in (32, 64, 128)] == [3.0, 3.5, 3.8]
+
+
+def test_interpolate_by_hand():
+    R1, R2 = torch.zeros(2, 1, 2, dtype=F), torch.full((2, 1, 2), 16.0, dtype=F)
+    out = sh.interpolate(R1, R2, 16)
+    assert out.shape == (16, 2, 1, 2)
+    assert [out[k, 0, 0, 0].item() for k in range(16)] == [float(k) for k in range(1, 17)]
+    R1 = torch.tensor([[[1.0, -2.0]]], dtype=F)
+    R2 = torch.tensor([[[3.0, 2.0]]], dtype=F)
+    assert torch.allclose(sh.interpolate(R1, R2, 4)[0], torch.tensor([[[1.5, -1.0]]], dtype=F))
+    assert torch.allclose(sh.interpolate(R1, R2, 4)[-1], R2)
+    with pytest.raises(ValueError, match="differ in shape"):
+        sh.interpolate(R1, torch.zeros(2, 1, 2), 4)
+
+
+def test_canonicalisations_are_linear_so_interpolation_commutes():
+    """The notebook canonicalises the two ends of a segment and interpolates: exact, since every
+    canonicalisation is linear in R."""
+    m, R1, rng = random_problem(3)
+    R2 = sh.random_reward(6, 3, m.gamma, rng)
+    Ri = sh.interpolate(R1, R2, 4)[1]  # t = 1/2
+    for c in ("val", "epic", "dard"):
+        c1, c2 = (D.canonicalize(R, m.gamma, c, m.P) for R in (R1, R2))
+        assert torch.allclose(D.canonicalize(Ri, m.gamma, c, m.P), 0.5 * (c1 + c2), atol=1e-9)

@@ -177,3 +177,25 @@ def test_optimal_q_equals_value_iteration():
     for mdp in (random_mdp(12, 3, gamma=0.9, seed=3), chain_mdp(8), gridworld(["S..", ".#.", "..G"])):
         v, _, _, _ = value_iteration(mdp)
         assert torch.allclose(mdp.optimal_q(), q_from_v(mdp, v), atol=1e-8)
+
+
+def test_thresholded_random_mdp_by_hand():
+    # one row of logits (2, 0.5, 1.5) with threshold 1: 0.5 becomes -20, so the probabilities are
+    # e^2 / Z, e^-20 / Z, e^1.5 / Z with Z = e^2 + e^-20 + e^1.5
+    P = T.thresholded_softmax(np.array([[2.0, 0.5, 1.5]]), 1.0)
+    Z = math.exp(2) + math.exp(-20) + math.exp(1.5)
+    want = [math.exp(2) / Z, math.exp(-20) / Z, math.exp(1.5) / Z]
+    assert np.allclose(P[0], want, rtol=1e-12, atol=0)
+    assert [T.random_env_threshold(n) for n in (32, 64, 128)] == [1.0, 1.5, 1.8]
+    # the builder is that softmax of its seed's Gaussians, uniform start, nothing terminal
+    m = T.thresholded_random_mdp(5, 2, gamma=0.95, seed=3)
+    z = np.random.default_rng(3).normal(size=(5, 2, 5))
+    assert np.allclose(m.P.numpy(), T.thresholded_softmax(z, 1.0))
+    kept = z > 1.0
+    some = kept.any(-1)  # rows where a logit passed; a row where none did is uniform
+    assert some.any() and not some.all()  # seed 3 has both kinds
+    assert np.all(m.P.numpy()[~kept & some[..., None]] < 1e-8)
+    assert np.all(m.P.numpy()[kept] > 1e-3)
+    assert np.allclose(m.P.numpy()[~some], 0.2)
+    assert torch.allclose(m.init, torch.full((5,), 0.2, dtype=torch.float64))
+    assert not m.terminal.any() and m.gamma == 0.95

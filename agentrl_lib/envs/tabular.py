@@ -5,7 +5,8 @@ distribution and a mask of absorbing terminal states (value 0). It can also be s
 gymnasium environment, so the same policies train on it by sampling.
 
 Builders: ``gridworld`` (text layouts, slip), ``chain_mdp`` (the exploration chain),
-``random_mdp`` (Dirichlet transitions), ``from_gymnasium`` (FrozenLake, CliffWalking, Taxi and any
+``random_mdp`` (Dirichlet transitions), ``thresholded_random_mdp`` (the STARC authors' random
+MDPs: a softmax of thresholded Gaussians), ``from_gymnasium`` (FrozenLake, CliffWalking, Taxi and any
 toy-text env that exposes its transition table ``env.unwrapped.P``).
 
 The exact solvers that use P and R (policy evaluation, value and policy iteration, exact
@@ -209,6 +210,35 @@ def random_mdp(num_states: int = 10, num_actions: int = 3, gamma: float = 0.9, s
     R = rng.normal(size=(num_states, num_actions))
     return _finish(P, R, gamma, np.ones(num_states), np.zeros(num_states, dtype=bool),
                    name=f"random_{num_states}x{num_actions}")
+
+
+def random_env_threshold(num_states: int) -> float:
+    """The logit threshold of ``thresholded_random_mdp``: 1 below 50 states, 1.5 below 100, else
+    1.8 (the STARC authors' rule, tuned by them for 32, 64 and 128 states)."""
+    return 1.0 if num_states < 50 else (1.5 if num_states < 100 else 1.8)
+
+
+def thresholded_softmax(z, threshold: float, floor: float = -20.0) -> np.ndarray:
+    """softmax over the last axis of where(z > threshold, z, floor): only the logits above the
+    threshold keep a real weight (each of the others gets exp(floor) / sum, about 1e-9)."""
+    z = np.where(np.asarray(z, dtype=np.float64) > threshold, z, floor)
+    e = np.exp(z - z.max(-1, keepdims=True))  # the same softmax, without overflow
+    return e / e.sum(-1, keepdims=True)
+
+
+def thresholded_random_mdp(num_states: int = 32, num_actions: int = 4, gamma: float = 0.95,
+                           seed: int = 0, threshold: float | None = None) -> TabularMDP:
+    """The STARC authors' random environment (lucyfarnik/starc @ e13f8fa, ``src/env/env.py``,
+    ``RandomEnv``, not episodic): P(.|s, a) = softmax of iid N(0, 1) logits of which those at or
+    below ``threshold`` (default ``random_env_threshold``) are replaced by -20, so each row puts
+    its mass on the few next states whose logit passed (about 16% of them at 32 states; a row
+    where none passed is uniform); uniform start, no terminal states. R is 0: the rewards are drawn separately
+    (``rewards.shaping.random_reward``)."""
+    rng = np.random.default_rng(seed)
+    thr = random_env_threshold(num_states) if threshold is None else threshold
+    P = thresholded_softmax(rng.normal(size=(num_states, num_actions, num_states)), thr)
+    return _finish(P, np.zeros((num_states, num_actions)), gamma, np.ones(num_states),
+                   np.zeros(num_states, dtype=bool), name=f"random_env_{num_states}x{num_actions}")
 
 
 def from_gymnasium(env_or_id, gamma: float = 0.99, **make_kwargs) -> TabularMDP:

@@ -90,7 +90,8 @@ def dard_canonicalize(R, P, gamma: float, d_a=None) -> Tensor:
     d_a = _dist(d_a, R.shape[1], "d_a")
     m = torch.einsum("xat,xat,a->x", P, R, d_a)  # (S,)
     # E[R(S', A, S'')] for every (s, s'): sum_a D_A(a) T(S'|s, a) T(S''|s', a) R(S', a, S'')
-    last = torch.einsum("a,sax,tay,xay->st", d_a, P, P, R)  # (S, S)
+    w = torch.einsum("tay,xay->xat", P, R)  # E_{S''~T(.|t, a)} R(x, a, S''): (S, A, S)
+    last = torch.einsum("a,sax,xat->st", d_a, P, w)  # (S, S)
     return R + gamma * m[None, None, :] - m[:, None, None] - gamma * last[:, None, :]
 
 

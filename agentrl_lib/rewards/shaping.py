@@ -14,7 +14,9 @@ R(s, a) + gamma * sum_s' P(s'|s, a) phi(s') - phi(s).
 
 The proxy builders (``rescale``, ``add_noise``, ``redistribute``, ``adversarial_edit``) make the
 rewards whose distance to the truth the STARC notebook (21) compares with the regret of
-optimising them. Pure functions of arrays: this module imports nothing from envs or models.
+optimising them; ``random_reward`` and ``interpolate`` are the STARC authors' experiment (random
+reward pairs and the rewards on the segment between them). Pure functions of arrays: this module
+imports nothing from envs or models.
 """
 
 from __future__ import annotations
@@ -113,3 +115,50 @@ def adversarial_edit(R, pi_star, delta: float, num_states: int, rng: np.random.G
         R[s, a] -= delta
         R[s, b] += delta
     return R
+
+
+def sparse_reward_threshold(num_states: int) -> float:
+    """The sparsity threshold of ``random_reward``: 3 below 50 states, 3.5 below 100, else 3.8
+    (the STARC authors' rule: a few entries of N(0, 1) pass it)."""
+    return 3.0 if num_states < 50 else (3.5 if num_states < 100 else 3.8)
+
+
+def random_reward(num_states: int, num_actions: int, gamma: float, rng,
+                  sparse: bool | None = None, shaped: bool | None = None) -> Tensor:
+    """A random transition reward (S, A, S) as the STARC authors draw it (lucyfarnik/starc @
+    e13f8fa, ``src/env/reward.py::random_reward`` with ``state_dependent=False``,
+    ``reward_only_in_terminal=False``), with numpy's ``rng`` for its ``np.random``:
+
+    1. R ~ iid N(0, 1);
+    2. sparse (``sparse`` True, or None and a uniform draw > 0.8): entries at or below
+       ``sparse_reward_threshold`` become 0;
+    3. with probability 0.7 (a draw > 0.3) R *= 10 U, U ~ U(0, 1);
+    4. with probability 0.3 (a draw > 0.7) R += 10 U;
+    5. shaped (``shaped`` True, or None and a draw > 0.5): R + gamma phi(s') - phi(s) with
+       phi = N(0, I) * 10 U + U' (``potential_shaping``).
+
+    The draws come in that order (a step whose flag is given draws nothing for its coin)."""
+    S, A = num_states, num_actions
+    r = rng.normal(size=(S, A, S))
+    if sparse is True or (sparse is None and rng.random() > 0.8):
+        r = np.where(r > sparse_reward_threshold(S), r, 0.0)
+    if rng.random() > 0.3:
+        r = r * (10 * rng.random())
+    if rng.random() > 0.7:
+        r = r + 10 * rng.random()
+    if shaped is True or (shaped is None and rng.random() > 0.5):
+        phi = rng.normal(size=S)
+        phi = phi * (10 * rng.random())
+        phi = phi + rng.random()
+        r = r + gamma * phi[None, None, :] - phi[:, None, None]
+    return _t(r)
+
+
+def interpolate(R1, R2, steps: int) -> Tensor:
+    """The rewards R1 + (k / steps) (R2 - R1) for k = 1, ..., steps (the last is R2), stacked:
+    (steps, *R1.shape). The STARC authors' ``interpolate`` (linear, not logarithmic)."""
+    R1, R2 = _t(R1), _t(R2)
+    if R1.shape != R2.shape:
+        raise ValueError(f"R1 {tuple(R1.shape)} and R2 {tuple(R2.shape)} differ in shape")
+    t = torch.arange(1, steps + 1, dtype=DTYPE) / steps
+    return R1[None] + t.reshape(-1, *([1] * R1.dim())) * (R2 - R1)[None]
