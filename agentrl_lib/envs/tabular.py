@@ -6,8 +6,8 @@ gymnasium environment, so the same policies train on it by sampling.
 
 Builders: ``gridworld`` (text layouts, slip), ``chain_mdp`` (the exploration chain),
 ``random_mdp`` (Dirichlet transitions), ``thresholded_random_mdp`` (the STARC authors' random
-MDPs: a softmax of thresholded Gaussians), ``from_gymnasium`` (FrozenLake, CliffWalking, Taxi and any
-toy-text env that exposes its transition table ``env.unwrapped.P``).
+MDPs: a softmax of thresholded Gaussians), ``from_gymnasium`` (FrozenLake, CliffWalking, Taxi and
+any toy-text env that exposes its transition table ``env.unwrapped.P``).
 
 The exact solvers that use P and R (policy evaluation, value and policy iteration, exact
 advantages) are in ``agentrl_lib.algorithms.dp``; ``TabularGymEnv`` (``envs/tabular_gym.py``) steps a
@@ -232,8 +232,8 @@ def thresholded_random_mdp(num_states: int = 32, num_actions: int = 4, gamma: fl
     ``RandomEnv``, not episodic): P(.|s, a) = softmax of iid N(0, 1) logits of which those at or
     below ``threshold`` (default ``random_env_threshold``) are replaced by -20, so each row puts
     its mass on the few next states whose logit passed (about 16% of them at 32 states; a row
-    where none passed is uniform); uniform start, no terminal states. R is 0: the rewards are drawn separately
-    (``rewards.shaping.random_reward``)."""
+    where none passed is uniform); uniform start, no terminal states. R is 0: the rewards are drawn
+    separately (``rewards.shaping.random_reward``)."""
     rng = np.random.default_rng(seed)
     thr = random_env_threshold(num_states) if threshold is None else threshold
     P = thresholded_softmax(rng.normal(size=(num_states, num_actions, num_states)), thr)
