@@ -1,5 +1,7 @@
 """Bradley-Terry reward models: the loss by hand and against TRL 1.16 RewardTrainer.compute_loss, the
-tabular MLE recovering utilities, the MLP, and the LM head built from a tiny-LM checkpoint."""
+tabular MLE recovering utilities, the MLP, and the LM head built from a tiny-LM checkpoint; the
+pointwise BCE loss (Cooper's VerifyRM) by hand, against torch's BCEWithLogitsLoss and a by-hand
+AdamW loop."""
 
 import math
 from collections import defaultdict
@@ -52,6 +54,104 @@ def test_equal_to_trl_reward_trainer(with_margin):
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
     assert m["accuracy"] == pytest.approx(trainer._metrics["train"]["accuracy"][-1])
     assert m["margin"] == pytest.approx(trainer._metrics["train"]["margin"][-1], rel=1e-6)
+
+
+def test_bce_loss_hand_values():
+    loss, m = rm.bce_loss(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.0]))
+    assert loss.item() == pytest.approx((math.log(2) + math.log1p(math.exp(2))) / 2, rel=1e-6)
+    assert m == {"accuracy": 0.0, "positive_rate": 0.5}
+    # a soft label l = 1/4 on z = 1: l log(1 + e^-1) + (1 - l) log(1 + e^1)
+    loss, m = rm.bce_loss(torch.tensor([1.0]), torch.tensor([0.25]))
+    assert loss.item() == pytest.approx(0.25 * math.log1p(math.exp(-1))
+                                        + 0.75 * math.log1p(math.exp(1)), rel=1e-6)
+    assert m["accuracy"] == 0.0  # z > 0 but l < 1/2
+    loss, m = rm.bce_loss(torch.tensor([-3.0, 3.0]), torch.tensor([0.0, 1.0]))
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-3)), rel=1e-6)
+    assert m["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="differ in shape"):
+        rm.bce_loss(torch.zeros(2), torch.zeros(3))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        rm.bce_loss(torch.zeros(2), torch.tensor([0.0, 2.0]))
+
+
+def test_bce_loss_equals_torch_bce_with_logits_and_its_gradient_by_hand():
+    """The released VerifyRM loss is ``BCEWithLogitsLoss()(logits, labels.float())``; ours equals it
+    (also at |z| = 60, where a naive log(sigmoid) overflows), and for a linear model z = X w its
+    gradient is mean((sigma(z) - l) x)."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.cat([torch.randn(40, generator=g, dtype=torch.float64) * 4,
+                   torch.tensor([60.0, -60.0], dtype=torch.float64)])
+    lab = (torch.rand(42, generator=g) < 0.5).double()
+    ours = rm.bce_loss(z, lab)[0]
+    assert torch.isfinite(ours)
+    assert ours.item() == pytest.approx(torch.nn.BCEWithLogitsLoss()(z, lab).item(), rel=1e-12)
+    X = torch.randn(42, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+    rm.bce_loss(X @ w, lab)[0].backward()
+    by_hand = ((torch.sigmoid(X @ w.detach()) - lab)[:, None] * X).mean(0)
+    assert torch.allclose(w.grad, by_hand, atol=1e-12)
+
+
+def test_fit_bce_equals_a_by_hand_adamw_loop():
+    """fit_bce = epochs of a seeded permutation in mini-batches, one AdamW step each (weight decay,
+    gradient clipped at 1), on BCEWithLogitsLoss: written out here independently."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(50, 2, generator=g)
+    lab = (torch.rand(50, generator=g) < torch.sigmoid(X @ torch.tensor([2.0, -1.0]) + 0.5)).float()
+    torch.manual_seed(0)
+    ours = torch.nn.Linear(2, 1)
+    hand = torch.nn.Linear(2, 1)
+    hand.load_state_dict(ours.state_dict())
+    hist = rm.fit_bce(ours.parameters(), lambda i: ours(X[i]).squeeze(-1), lab, lr=0.1,
+                      num_epochs=3, batch_size=16, seed=7, weight_decay=0.01)
+    opt = torch.optim.AdamW(hand.parameters(), lr=0.1, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(7)
+    losses = []
+    for _ in range(3):
+        order = torch.randperm(50, generator=gen)
+        for s in range(0, 50, 16):
+            i = order[s:s + 16]
+            loss = torch.nn.BCEWithLogitsLoss()(hand(X[i]).squeeze(-1), lab[i])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(hand.parameters()), 1.0)
+            opt.step()
+            losses.append(loss.item())
+    assert len(hist) == len(losses) == 12
+    assert [h["losses/bce"] for h in hist] == pytest.approx(losses, rel=1e-6)
+    for a, b in zip(ours.parameters(), hand.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert not torch.allclose(ours.bias, torch.zeros(1))
+
+
+def test_fit_bce_recovers_a_logistic_model_bias_included_where_bt_cannot():
+    """Labels drawn from sigma(2 x1 - x2 + 1): the BCE fit finds the weights and the bias; a
+    Bradley-Terry fit on (positive, negative) pairs of the same data cannot move the bias (its
+    loss sees differences only); lr 0 leaves the model where it was."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(20000, 2, generator=g)
+    true_w, true_b = torch.tensor([2.0, -1.0]), 1.0
+    lab = (torch.rand(20000, generator=g) < torch.sigmoid(X @ true_w + true_b)).float()
+    torch.manual_seed(1)
+    model = torch.nn.Linear(2, 1)
+    hist = rm.fit_bce(model.parameters(), lambda i: model(X[i]).squeeze(-1), lab, lr=0.05,
+                      num_epochs=4, batch_size=256)
+    assert hist[-1]["losses/bce"] < hist[0]["losses/bce"]
+    assert torch.allclose(model.weight.detach()[0], true_w, atol=0.15)
+    assert model.bias.item() == pytest.approx(true_b, abs=0.15)
+    torch.manual_seed(1)
+    bt = torch.nn.Linear(2, 1)
+    b0 = bt.bias.item()
+    pos, neg = X[lab == 1][:5000], X[lab == 0][:5000]
+    rm.fit(bt.parameters(), lambda i: (bt(pos[i]).squeeze(-1), bt(neg[i]).squeeze(-1)), 5000,
+           lr=0.05, num_epochs=2, batch_size=256)
+    assert bt.bias.item() == b0
+    torch.manual_seed(1)
+    still = torch.nn.Linear(2, 1)
+    before = [p.detach().clone() for p in still.parameters()]
+    rm.fit_bce(still.parameters(), lambda i: still(X[i]).squeeze(-1), lab, lr=0.0, num_epochs=1,
+               batch_size=256)
+    assert all(torch.equal(a, b) for a, b in zip(before, still.parameters()))
 
 
 def test_tabular_fit_recovers_centred_utilities():

@@ -9,6 +9,15 @@ fitted by the negative log-likelihood of observed preferences (Ouyang et al. 202
 The utilities are identified only up to an additive constant (the loss sees differences), so a
 fitted model is compared to the truth after centring, or by its ranking.
 
+The pointwise alternative, a classifier of single responses labelled correct (1) or incorrect (0)
+(Cooper's VerifyRM, ``train_VerifyRM/train.py`` ``compute_loss``: ``BCEWithLogitsLoss`` on one
+logit per (question, reference, completion)), is ``bce_loss``, fitted by ``fit_bce``::
+
+    L(phi) = -mean [l log sigma(r_phi(y)) + (1 - l) log(1 - sigma(r_phi(y)))]
+
+It sees each score itself, so it identifies the additive constant too (the bias), which a
+Bradley-Terry fit leaves where it started.
+
 Models (each maps a (b,) batch of pair indices to (chosen, rejected) rewards through ``fit``):
 - ``TabularRM``: one free score per response (K,): the maximum-likelihood BT utilities;
 - ``MLPRM``: r(y) = MLP(features(y)), a reward on features that generalises across responses;
@@ -53,6 +62,32 @@ def bt_loss(chosen_rewards: Tensor, rejected_rewards: Tensor,
     loss = -F.logsigmoid(z).mean()
     with torch.no_grad():
         metrics = {"accuracy": (diff > 0).float().mean().item(), "margin": diff.mean().item()}
+    return loss, metrics
+
+
+def bce_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, dict]:
+    """The pointwise binary cross-entropy of (B,) logits against (B,) labels in [0, 1]:
+    -mean [l log sigma(z) + (1 - l) log(1 - sigma(z))], torch's ``BCEWithLogitsLoss()`` (mean
+    reduction), the loss Cooper's VerifyRM is trained with.
+
+    Returns (scalar loss, metrics ``accuracy`` (fraction with 1[z > 0] == 1[l > 1/2]) and
+    ``positive_rate`` (fraction with z > 0)).
+
+    >>> loss, m = bce_loss(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.0]))
+    >>> round(loss.item(), 4), m["accuracy"]  # (log 2 + log(1 + e^2)) / 2
+    (1.41, 0.0)
+    """
+    if logits.shape != labels.shape:
+        raise ValueError(f"logits and labels differ in shape: {tuple(logits.shape)} vs "
+                         f"{tuple(labels.shape)}")
+    labels = torch.as_tensor(labels, dtype=logits.dtype)
+    if ((labels < 0) | (labels > 1)).any():
+        raise ValueError("labels must lie in [0, 1]")
+    # -l log sigma(z) - (1 - l) log sigma(-z): each term a softplus, stable at large |z|
+    loss = (labels * F.softplus(-logits) + (1 - labels) * F.softplus(logits)).mean()
+    with torch.no_grad():
+        metrics = {"accuracy": ((logits > 0) == (labels > 0.5)).float().mean().item(),
+                   "positive_rate": (logits > 0).float().mean().item()}
     return loss, metrics
 
 
@@ -149,6 +184,26 @@ def fit(parameters, pair_rewards, num_pairs: int, lr: float = 1e-2, num_epochs: 
         loss, metrics = bt_loss(r_c, r_r, None if margin is None else margin[idx])
         return loss, {"losses/bt": loss.item(), **metrics}
     return fit_pairs(parameters, pair_loss, num_pairs, lr, num_epochs, batch_size, seed,
+                     weight_decay, max_grad_norm, shuffle, evaluate, desc="reward model epochs")
+
+
+def fit_bce(parameters, example_logits, labels: Tensor, lr: float = 1e-2, num_epochs: int = 10,
+            batch_size: int = 32, seed: int = 0, weight_decay: float = 0.0,
+            max_grad_norm: float = 1.0, shuffle: bool = True, evaluate=None) -> list[dict]:
+    """Minimise ``bce_loss`` over ``len(labels)`` labelled examples with AdamW at a constant
+    ``lr``: the pointwise counterpart of ``fit`` (the same loop, ``utils.fit_pairs``, over
+    examples instead of pairs).
+
+    example_logits(idx (b,) long tensor) -> logits (b,) with gradients; labels (N,) in [0, 1].
+    Returns one record per step: ``step``, ``epoch``, ``losses/bce``, ``accuracy``,
+    ``positive_rate`` (and ``eval/*`` at epoch ends)."""
+    labels = torch.as_tensor(labels)
+
+    def example_loss(idx: Tensor):
+        z = example_logits(idx)  # (b,)
+        loss, metrics = bce_loss(z, labels[idx].to(z.device))
+        return loss, {"losses/bce": loss.item(), **metrics}
+    return fit_pairs(parameters, example_loss, len(labels), lr, num_epochs, batch_size, seed,
                      weight_decay, max_grad_norm, shuffle, evaluate, desc="reward model epochs")
 
 
