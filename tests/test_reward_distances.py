@@ -1,5 +1,6 @@
 """Reward shaping and reward distances (EPIC, DARD, STARC, L2): hand-computed canonicalisations, the
-invariances (shaping, positive scale, S'-redistribution), metric axioms, and the regret bound."""
+invariances (shaping, positive scale, S'-redistribution), metric axioms, the regret bound, and
+BARFI's first-order meta-gradient against its closed form on a softmax bandit."""
 
 import itertools
 import math
@@ -304,3 +305,50 @@ def test_canonicalisations_are_linear_so_interpolation_commutes():
     for c in ("val", "epic", "dard"):
         c1, c2 = (D.canonicalize(R, m.gamma, c, m.P) for R in (R1, R2))
         assert torch.allclose(D.canonicalize(Ri, m.gamma, c, m.P), 0.5 * (c1 + c2), atol=1e-9)
+
+
+def _softmax_pg(theta, r):
+    """grad_theta of pi . r for pi = softmax(theta), by hand: pi * (r - pi . r)."""
+    pi = torch.softmax(theta, -1)
+    return pi * (r - (pi * r).sum())
+
+
+def test_first_order_meta_grad_by_hand_on_a_bandit():
+    # J_phi(theta) = pi . (r + w h), J_p(theta) = pi . r: grad_theta J_phi is linear in w, so
+    # g_w = grad_theta(pi . h) . grad_theta(pi . r), each a softmax gradient written out by hand
+    r = torch.tensor([1.0, 0.0, 0.3], dtype=F)
+    h = torch.tensor([-0.5, 2.0, 0.1], dtype=F)
+    theta = torch.tensor([0.2, -0.4, 0.9], dtype=F, requires_grad=True)
+    w = torch.tensor(0.7, dtype=F, requires_grad=True)
+    pi = torch.softmax(theta, -1)
+    inner, = torch.autograd.grad((pi * (r + w * h)).sum(), theta, create_graph=True)
+    outer = _softmax_pg(theta.detach(), r)
+    g, = sh.first_order_meta_grad(inner, outer, w)
+    by_hand = (_softmax_pg(theta.detach(), h) * outer).sum()
+    assert math.isclose(g.item(), by_hand.item(), rel_tol=1e-12)
+    # the one-step lookahead d J_p(theta + a grad J_phi) / dw, divided by a, tends to g
+    a = 1e-6
+    th1 = theta.detach() + a * _softmax_pg(theta.detach(), r + w * h)
+    look, = torch.autograd.grad((torch.softmax(th1, -1) * r).sum(), w)
+    assert math.isclose(look.item() / a, by_hand.item(), rel_tol=1e-4)
+    assert abs(by_hand.item()) > 1e-3  # not a vacuous agreement at 0
+
+
+def test_first_order_meta_grad_discount_penalty_and_bad_input():
+    # a learned "discount" psi scaling the inner gradient: inner = sigmoid(psi) * theta,
+    # outer = c, so d/dpsi[sigmoid(psi) theta . c] = s (1 - s) theta . c; the penalty
+    # k * sigmoid(psi) (the code's gamma_L2 term) subtracts k s (1 - s)
+    psi = torch.tensor(0.4, dtype=F, requires_grad=True)
+    theta = torch.tensor([1.0, -2.0], dtype=F)
+    c = torch.tensor([0.5, 0.1], dtype=F)  # theta . c = 0.3
+    s = torch.sigmoid(psi)
+    unused = torch.tensor([3.0], dtype=F, requires_grad=True)
+    g_psi, g_unused = sh.first_order_meta_grad([s * theta], [c], [psi, unused], penalty=2.0 * s)
+    sv = 1 / (1 + math.exp(-0.4))
+    assert math.isclose(g_psi.item(), sv * (1 - sv) * 0.3 - 2.0 * sv * (1 - sv),
+                        rel_tol=1e-12)
+    assert torch.equal(g_unused, torch.zeros(1, dtype=F))
+    with pytest.raises(ValueError, match="same parameters"):
+        sh.first_order_meta_grad([s * theta], [c, c], psi)
+    with pytest.raises(ValueError, match="same parameters"):
+        sh.first_order_meta_grad(s * theta, c[:1], psi)

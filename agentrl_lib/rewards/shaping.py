@@ -12,6 +12,9 @@ phi = 0 at absorbing terminal states), so it keeps the ordering of policies and 
 policies. With R (S, A) and P (S, A, S) the expected shaped reward is
 R(s, a) + gamma * sum_s' P(s'|s, a) phi(s') - phi(s).
 
+``first_order_meta_grad`` is BARFI's outer gradient for a learned reward (Gupta et al. 2023,
+notebook 22): the first-order implicit gradient of the primary return through the inner loop.
+
 The proxy builders (``rescale``, ``add_noise``, ``redistribute``, ``adversarial_edit``) make the
 rewards whose distance to the truth the STARC notebook (21) compares with the regret of
 optimising them; ``random_reward`` and ``interpolate`` are the STARC authors' experiment (random
@@ -60,6 +63,41 @@ def pbrs(R, phi, gamma: float, P=None, terminal=None) -> Tensor:
             raise ValueError(f"shapes disagree: R {tuple(R.shape)}, P {tuple(P.shape)}, phi ({S},)")
         return R + gamma * torch.einsum("sat,t->sa", P, phi) - phi[:, None]  # (S, A)
     raise ValueError(f"R must be (S, A, S) or (S, A), got shape {tuple(R.shape)}")
+
+
+def first_order_meta_grad(inner_grads, outer_grads, params, penalty=None) -> tuple[Tensor, ...]:
+    """BARFI's first-order meta-gradient (the released code's ``Barfi.py::outer_first_order``):
+    the implicit gradient of the primary return J_p through the inner loop's solution, with the
+    inner Hessian taken as -I,
+
+        g = d/dphi [ grad_theta J_phi(theta) . grad_theta J_p(theta) ] - d penalty / dphi,
+
+    an ascent direction for the outer parameters phi (the code stores -g as ``.grad`` and lets a
+    minimising optimizer step). It is the one-step lookahead d J_p(theta + a grad J_phi)/d phi
+    divided by the step a, as a -> 0.
+
+    inner_grads: grad_theta J_phi (a tensor or a list of them), built with ``create_graph=True``
+    so that it depends on ``params``; outer_grads: grad_theta J_p, same shapes, taken as constants;
+    params: the outer parameters (a tensor or a list); penalty: an optional scalar subtracted
+    before differentiating (the code's ``reward_L2`` and ``gamma_L2 * gamma_phi`` terms). Returns
+    one tensor per parameter (zeros where a parameter does not enter).
+
+    >>> phi = torch.tensor([2.0, -1.0], requires_grad=True)
+    >>> theta = torch.tensor([0.5, 1.5])
+    >>> inner = phi * theta  # grad_theta of J_phi = sum(phi * theta^2 / 2)
+    >>> first_order_meta_grad(inner, 2 * theta, phi)[0]  # J_p = |theta|^2: d/dphi(phi.theta^2*2)
+    tensor([0.5000, 4.5000])
+    """
+    inner = [inner_grads] if isinstance(inner_grads, Tensor) else list(inner_grads)
+    outer = [outer_grads] if isinstance(outer_grads, Tensor) else list(outer_grads)
+    params = [params] if isinstance(params, Tensor) else list(params)
+    if len(inner) != len(outer) or any(a.shape != b.shape for a, b in zip(inner, outer)):
+        raise ValueError("inner_grads and outer_grads must be gradients of the same parameters")
+    dot = sum((gi * go.detach()).sum() for gi, go in zip(inner, outer))
+    if penalty is not None:
+        dot = dot - penalty
+    grads = torch.autograd.grad(dot, params, allow_unused=True)
+    return tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
 
 
 def expected_reward(R, P) -> Tensor:
