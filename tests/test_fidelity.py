@@ -63,11 +63,11 @@ def test_report_shows_fidelity_counts(tmp_path):
     info = build_report(tmp_path / "runs", tmp_path / "report", notebooks=False,
                         fidelity_csv=FOLDER / "counts.csv")
     page = info["html"].read_text()
-    line = "fidelity: checked against code 5 / text 5 / unverifiable 0 / differs 1 (of 11 items)"
+    line = "fidelity: checked against code 5 / text 5 / unverifiable 0 / differs 0 (of 11 items)"
     assert line in page and "<h2>Fidelity to the papers</h2>" in page
     assert "<tr><td>71_bcoder</td><td>11</td><td>1</td><td>10</td>" in page
     md = info["markdown"].read_text()
-    assert "| 22_barfi | 11 | 5 | 5 | 0 | 6 | 3 | 1 |" in md
+    assert "| 22_barfi | 11 | 5 | 5 | 0 | 6 | 4 | 0 |" in md
     plain = build_report(tmp_path / "runs", tmp_path / "r2", notebooks=False)
     assert "Fidelity" not in plain["html"].read_text()
 

@@ -81,6 +81,34 @@ def test_exact_policy_gradient_matches_finite_differences():
     assert torch.allclose(logits.grad, fd, atol=1e-7)
 
 
+def test_visit_distribution_by_hand():
+    # "S.G": at S right w.p. 1/2 (else up: bump, stay); at the middle right or left w.p. 1/2.
+    # Expected steps: n_M = n_S / 2, n_S = 1 + n_S / 2 + n_M / 2, so n_S = 4, n_M = 2.
+    m = T.gridworld(["S.G"])
+    UP, RIGHT, LEFT = 3, 2, 0
+    assert m.P[0, RIGHT, 1] == 1 and m.P[1, LEFT, 0] == 1 and m.P[0, UP, 0] == 1
+    pi = torch.zeros(3, 4, dtype=torch.float64)
+    pi[0, RIGHT] = pi[0, UP] = 0.5
+    pi[1, RIGHT] = pi[1, LEFT] = 0.5
+    pi[2, 0] = 1.0
+    rho = dp.visit_distribution(m, pi)
+    assert torch.allclose(rho, torch.tensor([2 / 3, 1 / 3, 0.0], dtype=torch.float64))
+
+
+def test_softmax_entropy_grad_by_hand_and_autograd():
+    # two actions, pi = (1/4, 3/4): dH/dtheta_0 = p (1 - p) log((1 - p) / p) = 3/16 log 3
+    g = dp.softmax_entropy_grad(torch.tensor([[0.0, math.log(3.0)]], dtype=torch.float64),
+                                torch.tensor([2.0], dtype=torch.float64))
+    assert abs(g[0, 0].item() - 2 * 3 / 16 * math.log(3.0)) < 1e-12
+    assert abs(g[0, 1].item() + 2 * 3 / 16 * math.log(3.0)) < 1e-12
+    theta = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([0.1, 0.5, 0.0, 0.4], dtype=torch.float64)
+    logp = torch.log_softmax(theta, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    auto, = torch.autograd.grad((w * ent).sum(), theta)
+    assert torch.allclose(dp.softmax_entropy_grad(theta.detach(), w), auto, atol=1e-12)
+
+
 def test_from_gymnasium_values():
     # non-slippery 4x4 FrozenLake: the shortest safe path takes 6 moves, reward 1 at the 6th
     lake = T.from_gymnasium("FrozenLake-v1", gamma=0.9, is_slippery=False)

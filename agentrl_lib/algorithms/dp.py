@@ -1,6 +1,9 @@
 """Exact dynamic programming on a ``TabularMDP``: policy evaluation, Q and advantages, value and
 policy iteration, and the finite-horizon advantages of a policy cut after H turns.
 
+``visit_distribution`` and ``softmax_entropy_grad`` give the exact expectation of an entropy
+bonus averaged over an episode's visited steps (BARFI's inner loop, notebook 22).
+
 These are the oracles every tabular check leans on. All are differentiable in the policy, so
 ``expected_return(mdp, pi)`` gives the exact policy gradient through autograd.
 
@@ -61,6 +64,32 @@ def advantages(mdp: TabularMDP, pi: Tensor) -> Tensor:
 def expected_return(mdp: TabularMDP, pi: Tensor) -> Tensor:
     """J(pi) = sum_s init(s) V^pi(s): the exact objective, a differentiable scalar."""
     return mdp.init @ policy_evaluation(mdp, pi)
+
+
+def visit_distribution(mdp: TabularMDP, pi: Tensor) -> Tensor:
+    """rho(s) = E[steps taken in s before a terminal state] / E[steps taken]: the share of an
+    episode's steps spent in s, undiscounted (each step counts once, as in a mean over the
+    visited steps of sampled episodes). pi must reach a terminal state with probability 1.
+    Differentiable in pi. pi: (S, A) -> (S,), 0 at terminal states, summing to 1.
+    """
+    pi = pi.to(DTYPE)
+    live = (~mdp.terminal).to(DTYPE)
+    P_pi = torch.einsum("sa,sat->st", pi, _continuing(mdp))  # (S, S)
+    eye = torch.eye(mdp.num_states, dtype=DTYPE, device=mdp.P.device)
+    n = torch.linalg.solve(eye - P_pi.T, mdp.init.to(DTYPE) * live) * live  # expected visits
+    return n / n.sum()
+
+
+def softmax_entropy_grad(theta: Tensor, weights: Tensor) -> Tensor:
+    """d/dtheta of sum_s weights(s) H(softmax(theta)(.|s)) with the weights held fixed, in
+    closed form: -weights(s) pi(a|s) (log pi(a|s) + H(s)), H(s) = -sum_b pi(b|s) log pi(b|s).
+    The entropy bonus of a softmax policy's update at fixed (e.g. sampled) states; the result is
+    differentiable in theta and in the weights. theta: (S, A) logits, weights: (S,) -> (S, A).
+    """
+    logp = torch.log_softmax(theta, -1)  # (S, A)
+    pi = logp.exp()
+    ent = -(pi * logp).sum(-1, keepdim=True)  # (S, 1)
+    return -weights[:, None] * pi * (logp + ent)
 
 
 def greedy(q: Tensor) -> Tensor:
