@@ -1243,7 +1243,8 @@ def publish(runs_root: Path | str, repro_root: Path | str, profile: str) -> list
 
 def _claim_calls(notebook: Path | str):
     """Each ``claim(...)`` call in a notebook's code cells, as (its id node, {keyword: value
-    node}); IPython lines (``%``, ``!``) are blanked before parsing."""
+    node}, with the positional argument nodes under ``"_args"``); IPython lines (``%``, ``!``)
+    are blanked before parsing."""
     import ast
 
     for cell in json.loads(Path(notebook).read_text())["cells"]:
@@ -1254,6 +1255,7 @@ def _claim_calls(notebook: Path | str):
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "claim":
                 kw = {k.arg: k.value for k in node.keywords}
+                kw["_args"] = node.args
                 yield (node.args[0] if node.args else kw.get("id")), kw
 
 
@@ -1298,6 +1300,57 @@ def claim_bounds(notebook: Path | str) -> dict[str, float]:
                 except (ValueError, TypeError):
                     pass
     return out
+
+
+def claim_forms(notebook: Path | str) -> dict[str, tuple[str, float]]:
+    """{claim id: (direction, margin)} of every ``claim(...)`` call in a notebook's code cells
+    whose id, direction and margin are literals, positional or by keyword (missing, they are
+    ``claim``'s defaults: ">" and 0)."""
+    import ast
+
+    out = {}
+    for cid, kw in _claim_calls(notebook):
+        if not isinstance(cid, ast.Constant):
+            continue
+        args = kw["_args"]  # claim(id, statement, metric, ours, baseline, direction, margin)
+        direction = kw.get("direction", args[5] if len(args) > 5 else ast.Constant(">"))
+        margin = kw.get("margin", args[6] if len(args) > 6 else None)
+        try:
+            direction = ast.literal_eval(direction)
+            margin = float(ast.literal_eval(margin)) if margin is not None else 0.0
+        except (ValueError, TypeError, SyntaxError):
+            continue
+        if isinstance(direction, str):
+            out[cid.value] = (direction, margin)
+    return out
+
+
+def table_drift(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> list[str]:
+    """Where a committed ``<profile>_summary.csv`` no longer states what its notebook's claim
+    calls state (a claim's direction or margin changed after the table was run), one line each:
+    the table then judges a claim the notebook no longer makes, so it must be run again or be
+    listed in ``stale.csv`` (whose notebooks are skipped here). Claims the table lacks (a profile
+    may not reach them) and ids built at run time are not compared."""
+    import csv
+
+    stale = read_stale(repro_root)
+    lines = []
+    for path in sorted(Path(repro_root).glob(f"*/{profile}_summary.csv")):
+        nb = path.parent.name
+        source = Path(notebooks_dir) / f"{nb}.ipynb"
+        if (nb, profile) in stale or not source.is_file():
+            continue
+        with path.open(newline="") as f:
+            rows = {r["claim"]: r for r in csv.DictReader(f)}
+        for cid, (direction, margin) in claim_forms(source).items():
+            row = rows.get(cid)
+            if row is None:
+                continue
+            was = (row["direction"], float(row["margin"] or 0.0))
+            if was[0] != direction or abs(was[1] - margin) > 1e-12 * max(1.0, abs(margin)):
+                lines.append(f"{nb} {cid}: the table has {was[0]} {was[1]:g}, the notebook "
+                             f"{direction} {margin:g}")
+    return lines
 
 
 def _bound_power(row: dict, bound: float) -> dict:
