@@ -211,3 +211,30 @@ def test_short_trl_run_changes_parameters_and_evaluates_on_schedule():
     assert trainer.state.global_step == 3
     assert all(r["time/train_s"] >= 0 for r in cb.rows)
     assert cb.rows[0]["time/train_s"] < cb.rows[-1]["time/train_s"]
+
+
+def test_checkpointing_flag_follows_the_transformers_version(monkeypatch, tmp_path):
+    """transformers 5.23 names it activation_checkpointing; 5.17 (the lent H200's, where the first
+    make gpu-check failed on it) has gradient_checkpointing only: to_trl_config sets the one there."""
+    import dataclasses
+
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    from agentrl_lib.algorithms import trl_adapter
+
+    cfg = trl_adapter.GRPOConfig(num_prompts=2, group_size=2)
+    args = trl_adapter.to_trl_config(cfg, str(tmp_path))
+    assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+    seen = {}
+
+    def old_fields(_):  # the 5.17 field set: no activation_checkpointing
+        return [f for f in dataclasses.fields(TRLGRPOConfig) if f.name != "activation_checkpointing"]
+
+    def fake_config(**kwargs):
+        seen.update(kwargs)
+        return TRLGRPOConfig(**kwargs)
+
+    monkeypatch.setattr(trl_adapter, "fields", old_fields)
+    monkeypatch.setattr("trl.GRPOConfig", fake_config)
+    trl_adapter.to_trl_config(cfg, str(tmp_path))
+    assert seen["gradient_checkpointing"] is False and "activation_checkpointing" not in seen

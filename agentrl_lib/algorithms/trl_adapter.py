@@ -140,12 +140,17 @@ def to_trl_config(cfg: GRPOConfig, output_dir: str, device: str = "cpu", **overr
         use_vllm=False, seed=cfg.seed, data_seed=cfg.seed,
         # numerics and plumbing: fp32 like our loop, no checkpointing, nothing written; reported
         # to TensorBoard only when asked (tblog)
-        bf16=False, fp16=False, activation_checkpointing=False, use_cpu=(device == "cpu"),
+        bf16=False, fp16=False, use_cpu=(device == "cpu"),
         report_to=tblog.resolve_report_to(cfg.report_to), save_strategy="no", logging_steps=1,
         disable_tqdm=True,
         dataloader_num_workers=0, dataloader_pin_memory=False, remove_unused_columns=False,
         log_completions=False,
     )
+    # transformers 5.23 names it activation_checkpointing, 5.17 (the lent GPU machine's, found by
+    # its first make gpu-check) gradient_checkpointing only: whichever this version has
+    names = {f.name for f in fields(TRLGRPOConfig)}
+    flag = next(n for n in ("activation_checkpointing", "gradient_checkpointing") if n in names)
+    kwargs[flag] = False
     kwargs.update(overrides)
     return TRLGRPOConfig(**kwargs)
 
