@@ -583,28 +583,33 @@ def test_a_claim_out_of_the_metrics_reach_has_no_power(tmp_path, monkeypatch):
 
 def test_table_drift_names_claims_whose_direction_or_margin_changed_after_the_run(tmp_path):
     """A committed table judges the claims as they were when it ran: a notebook that rewrites a
-    claim's direction or margin afterwards (01 and 70 went from '<=' a tolerance to '~' with one)
-    makes the table stale; table_drift names each such claim unless stale.csv lists the
+    claim's direction or margin afterwards (01 and 70 went from '<=' a tolerance to '~' with one),
+    or gives an agreement a negative control the table never measured, makes the table stale; table_drift names each such claim unless stale.csv lists the
     notebook, and leaves alone claims the table lacks and ids built at run time."""
     repro, nbs = tmp_path / "reproductions", tmp_path / "notebooks"
     (repro / "05_mixed").mkdir(parents=True)
     nbs.mkdir()
     (repro / "05_mixed" / "cpu_summary.csv").write_text(
-        "claim,direction,margin\nequal,<=,0.0\nbeats,>,0.05\nplain,>,\nkept,<,0.1\n")
+        "claim,direction,margin,negative_control\nequal,<=,0.0,—\nbeats,>,0.05,—\nplain,>,,—\n"
+        "kept,<,0.1,—\nagree,~,0.01,—\nagreed,~,0.01,0.5 ± 0.1\n")
     src = ('claims = [claim("equal", "s", "m", a, 0.0, "~", margin=1e-8, kind="theorem"),\n'
            '  claim("beats", "s", "m", a, b, ">", 0.03, kind="paper"),\n'
            '  claim("plain", "s", "m", a, b, kind="paper"),\n'
            '  claim("kept", "s", "m", a, b, direction="<", margin=0.1, kind="paper"),\n'
            '  claim("new_one", "s", "m", a, b, "<", kind="paper"),\n'
+           '  claim("agree", "s", "m", a, b, "~", margin=0.01, kind="sanity", control=c),\n'
+           '  claim("agreed", "s", "m", a, b, "~", margin=0.01, kind="sanity", control=c),\n'
            '  claim(f"x{i}", "s", "m", a, b, "<", kind="design")]')
     cell = {"cell_type": "code", "source": [src], "metadata": {}, "outputs": []}
     (nbs / "05_mixed.ipynb").write_text(json.dumps({"cells": [cell]}))
     assert report.claim_forms(nbs / "05_mixed.ipynb") == {
         "equal": ("~", 1e-8), "beats": (">", 0.03), "plain": (">", 0.0), "kept": ("<", 0.1),
-        "new_one": ("<", 0.0)}
+        "new_one": ("<", 0.0), "agree": ("~", 0.01), "agreed": ("~", 0.01)}
+    assert report.claim_controlled(nbs / "05_mixed.ipynb") == {"agree", "agreed"}
     assert report.table_drift(repro, nbs, "cpu") == [
         "05_mixed equal: the table has <= 0, the notebook ~ 1e-08",
-        "05_mixed beats: the table has > 0.05, the notebook > 0.03"]
+        "05_mixed beats: the table has > 0.05, the notebook > 0.03",
+        "05_mixed agree: the notebook gives it a negative control, the table has none"]
     assert report.table_drift(repro, nbs, "gpu") == []  # no gpu table
     (repro / "stale.csv").write_text("notebook,profile,reason\n05_mixed,cpu,rewritten\n")
     assert report.table_drift(repro, nbs, "cpu") == []

@@ -1325,12 +1325,21 @@ def claim_forms(notebook: Path | str) -> dict[str, tuple[str, float]]:
     return out
 
 
+def claim_controlled(notebook: Path | str) -> set[str]:
+    """The ids (string literals) of a notebook's ``claim(...)`` calls that pass ``control=``."""
+    import ast
+
+    return {cid.value for cid, kw in _claim_calls(notebook)
+            if isinstance(cid, ast.Constant) and "control" in kw}
+
+
 def table_drift(repro_root: Path | str, notebooks_dir: Path | str, profile: str) -> list[str]:
     """Where a committed ``<profile>_summary.csv`` no longer states what its notebook's claim
-    calls state (a claim's direction or margin changed after the table was run), one line each:
-    the table then judges a claim the notebook no longer makes, so it must be run again or be
-    listed in ``stale.csv`` (whose notebooks are skipped here). Claims the table lacks (a profile
-    may not reach them) and ids built at run time are not compared."""
+    calls state (a claim's direction or margin changed after the table was run, or the claim now
+    has a negative control the table never measured), one line each: the table then judges a
+    claim the notebook no longer makes, so it must be run again or be listed in ``stale.csv``
+    (whose notebooks are skipped here). Claims the table lacks (a profile may not reach them) and
+    ids built at run time are not compared."""
     import csv
 
     stale = read_stale(repro_root)
@@ -1342,6 +1351,7 @@ def table_drift(repro_root: Path | str, notebooks_dir: Path | str, profile: str)
             continue
         with path.open(newline="") as f:
             rows = {r["claim"]: r for r in csv.DictReader(f)}
+        controlled = claim_controlled(source)
         for cid, (direction, margin) in claim_forms(source).items():
             row = rows.get(cid)
             if row is None:
@@ -1350,6 +1360,9 @@ def table_drift(repro_root: Path | str, notebooks_dir: Path | str, profile: str)
             if was[0] != direction or abs(was[1] - margin) > 1e-12 * max(1.0, abs(margin)):
                 lines.append(f"{nb} {cid}: the table has {was[0]} {was[1]:g}, the notebook "
                              f"{direction} {margin:g}")
+            elif cid in controlled and (row.get("negative_control") or "—") == "—":
+                lines.append(f"{nb} {cid}: the notebook gives it a negative control, the table "
+                             f"has none")
     return lines
 
 
