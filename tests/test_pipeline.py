@@ -161,6 +161,11 @@ def test_write_results_is_complete_and_atomic(tmp_path, monkeypatch):
         assert key in r
     assert r["seed"] == 4 and r["claims"][0]["holds"] is True and "torch" in r["versions"]
     assert not list((tmp_path / "r").glob("*.tmp"))
+    # the device names torch's CPU kernel set: runs repeat bit for bit only on the same one
+    import torch
+    if not torch.cuda.is_available():
+        assert r["device"].startswith("cpu: ")
+        assert f" {torch.backends.cpu.get_cpu_capability()}, " in r["device"]
 
 
 def test_run_ok_fail_and_report(tmp_path, monkeypatch, capsys):

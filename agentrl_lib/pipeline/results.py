@@ -469,14 +469,20 @@ def git_commit() -> str | None:
 
 
 def device_name() -> str:
+    """The device a run's numbers came from. On a CPU it names torch's kernel set (AVX512, AVX2,
+    ...): the same code and seed repeat bit for bit on the same kernels, but another set rounds
+    gradients differently in the last bits, and RL's sampling carries that into other trajectories
+    (README, "The pipeline")."""
+    arch = platform.processor() or platform.machine()
     try:
         import torch
 
         if torch.cuda.is_available():
             return f"cuda: {torch.cuda.get_device_name(0)}"
+        arch += f" {torch.backends.cpu.get_cpu_capability()}"
     except ImportError:
         pass
-    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return f"cpu: {arch}, {os.cpu_count()} cores"
 
 
 def notebook_file(notebook: str) -> Path | None:
