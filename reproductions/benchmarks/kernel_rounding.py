@@ -27,11 +27,9 @@ def gradient(out: str, threads: int, batch: int, length: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from agentrl_lib.algorithms.sft import BASE_MODELS, checkpoint
-    from agentrl_lib.models.loading import load_policy
+    from agentrl_lib.algorithms.sft import load_base
 
-    loaded = load_policy(str(checkpoint(BASE_MODELS[BASE], verbose=False)))
-    model = loaded[0] if isinstance(loaded, tuple) else loaded
+    model, _ = load_base(BASE, verbose=False)  # eval mode: no dropout, so the pass is repeatable
     x = torch.randint(0, 200, (batch, length), generator=torch.Generator().manual_seed(0))
     model(x).logits.log_softmax(-1)[..., 5].sum().backward()
     flat = torch.cat([p.grad.flatten() for p in model.parameters()])
